@@ -1,0 +1,109 @@
+"""Plugin settings: what ``nri-gpu run`` needs to reach the runtime.  (pure)
+
+Values come from three places, later ones winning: built-in defaults, the
+config file (TOML, table ``[plugin]``), command-line flags. The runtime-launched
+form (``NRI_PLUGIN_*`` env) is applied by ``__main__`` on top. Every value is
+validated here so a typo fails at start with the key named, not at registration
+with the runtime's terser message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import tomlkit
+import tomlkit.exceptions
+
+DEFAULT_SOCKET = "/var/run/nri/nri.sock"
+DEFAULT_NAME = "nri-gpu"
+DEFAULT_INDEX = "10"
+
+# The runtime's own rules (NRI v0.12 enforces the name set; every version the index).
+_NAME_RE = re.compile(r"[A-Za-z0-9._+-]+")
+_INDEX_RE = re.compile(r"[0-9]{2}")
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(ValueError):
+    """A setting is missing, unknown or has a bad value; the message names it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginConfig:
+    socket: str = DEFAULT_SOCKET
+    name: str = DEFAULT_NAME
+    index: str = DEFAULT_INDEX
+    log_level: str = "info"
+    # Seconds between reconnect attempts grow from the first to the last value.
+    reconnect_min: float = 0.05
+    reconnect_max: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.socket:
+            raise ConfigError("plugin.socket: must not be empty")
+        if not _NAME_RE.fullmatch(self.name):
+            raise ConfigError(f"plugin.name: {self.name!r} must be letters, digits and . _ + - only")
+        if not _INDEX_RE.fullmatch(self.index):
+            raise ConfigError(f"plugin.index: {self.index!r} must be exactly two digits, e.g. '10'")
+        if self.log_level not in _LOG_LEVELS:
+            raise ConfigError(f"plugin.log_level: {self.log_level!r} is not one of {', '.join(_LOG_LEVELS)}")
+        if not 0 < self.reconnect_min <= self.reconnect_max:
+            raise ConfigError(
+                f"plugin.reconnect_min/max: need 0 < min <= max, got {self.reconnect_min}, {self.reconnect_max}"
+            )
+
+    @property
+    def logging_level(self) -> int:
+        return int(getattr(logging, self.log_level.upper()))
+
+    def with_overrides(self, **values: Any) -> PluginConfig:
+        """A copy with the given non-None values replaced (flags over file)."""
+        return dataclasses.replace(self, **{k: v for k, v in values.items() if v is not None})
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "socket": (str,),
+    "name": (str,),
+    "index": (str, int),
+    "log_level": (str,),
+    "reconnect_min": (int, float),
+    "reconnect_max": (int, float),
+}
+
+
+def from_mapping(table: Mapping[str, Any]) -> PluginConfig:
+    """Build from the ``[plugin]`` table; unknown keys and wrong types raise ConfigError."""
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        types = _FIELD_TYPES.get(key)
+        if types is None:
+            raise ConfigError(f"plugin.{key}: unknown setting (known: {', '.join(sorted(_FIELD_TYPES))})")
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise ConfigError(f"plugin.{key}: expected {' or '.join(t.__name__ for t in types)}, got {value!r}")
+        if key == "index" and isinstance(value, int):
+            value = f"{value:02d}"
+        values[key] = value.unwrap() if hasattr(value, "unwrap") else value
+    return PluginConfig(**values)
+
+
+# Top-level tables of the config file. Only the plugin's own so far.
+_TABLES = ("plugin",)
+
+
+def from_toml(text: str, *, source: str = "config") -> PluginConfig:
+    """Parse a config file; unknown tables are rejected by name."""
+    try:
+        doc = tomlkit.parse(text).unwrap()
+    except tomlkit.exceptions.ParseError as exc:
+        raise ConfigError(f"{source}: not valid TOML: {exc}") from exc
+    for key in doc:
+        if key not in _TABLES:
+            raise ConfigError(f"{source}: unknown table or key {key!r} (known: {', '.join(_TABLES)})")
+    table = doc.get("plugin", {})
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{source}: 'plugin' must be a table")
+    return from_mapping(table)

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from plugin.__main__ import build_parser, load_config
+from plugin.config import ConfigError, PluginConfig, from_toml
+
+
+def test_defaults_match_the_documented_ones() -> None:
+    config = PluginConfig()
+    assert (config.socket, config.name, config.index) == ("/var/run/nri/nri.sock", "nri-gpu", "10")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[plugin]\nindex = "1"', "plugin.index: '1' must be exactly two digits"),
+        ('[plugin]\nname = "bad name"', "plugin.name: 'bad name'"),
+        ('[plugin]\nsockt = "/x"', "plugin.sockt: unknown setting"),
+        ('[plugin]\nsocket = 5', "plugin.socket: expected str, got 5"),
+        ('[plugin]\nlog_level = "loud"', "plugin.log_level: 'loud'"),
+        ('[plugins]\nname = "x"', "unknown table or key 'plugins'"),
+        ("[plugin\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_names_the_key(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        from_toml(text)
+
+
+def test_integer_index_is_padded() -> None:
+    assert from_toml("[plugin]\nindex = 5").index == "05"
+
+
+def test_flags_override_the_file_and_the_runtime_env_overrides_both(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('[plugin]\nname = "from-file"\nindex = "20"\nsocket = "/file.sock"\n')
+    args = build_parser().parse_args(["run", "--config", str(path), "--index", "30"])
+    config = load_config(args, {})
+    assert (config.name, config.index, config.socket) == ("from-file", "30", "/file.sock")
+    launched = load_config(args, {"NRI_PLUGIN_NAME": "gpu", "NRI_PLUGIN_IDX": "05", "NRI_PLUGIN_SOCKET": "3"})
+    assert (launched.name, launched.index) == ("gpu", "05")
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
+    args = build_parser().parse_args(["run", "--config", str(tmp_path / "nope.toml")])
+    with pytest.raises(ConfigError, match="nope.toml: No such file"):
+        load_config(args, {})
