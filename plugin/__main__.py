@@ -26,7 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="connect to the runtime's NRI socket and serve GPU requests")
     run.add_argument("--socket", metavar="PATH", help=f"the runtime's NRI socket (default {DEFAULT_SOCKET})")
     run.add_argument("--name", help=f"plugin name shown by the runtime (default {DEFAULT_NAME})")
-    run.add_argument("--index", metavar="NN", help=f"two-digit plugin index, the order among plugins (default {DEFAULT_INDEX})")
+    run.add_argument(
+        "--index", metavar="NN", help=f"two-digit plugin index, the order among plugins (default {DEFAULT_INDEX})"
+    )
     run.add_argument("--config", metavar="FILE", type=Path, help="TOML config file; flags override it")
     run.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default info")
     return parser

@@ -1,4 +1,4 @@
-"""The plugin layer's exceptions."""
+"""The plugin layer's exceptions.  (pure)"""
 
 from __future__ import annotations
 

@@ -36,7 +36,5 @@ class GpuPlugin:
         request = requested_gpus(pod, container)
         if request is None:
             return None
-        logger.info(
-            'pod "%s/%s" container "%s": GPUs %r requested', pod.namespace, pod.name, container.name, request
-        )
+        logger.info('pod "%s/%s" container "%s": GPUs %r requested', pod.namespace, pod.name, container.name, request)
         return api.ContainerAdjustment(env=[api.KeyValue(key="NVIDIA_VISIBLE_DEVICES", value=request)])

@@ -101,6 +101,7 @@ class Stub:
         self._handlers = _find_handlers(plugin)
         self._wanted = mask_of(e for e in Event if HANDLER_NAMES[e] in self._handlers)
         self._conn: MuxConnection | None = None
+        self._closing: asyncio.Future[None] | None = None
         self._stopping = asyncio.Event()
         self._registered = asyncio.Event()
         self._configured = asyncio.Event()
@@ -132,7 +133,8 @@ class Stub:
         """Ask ``run`` to return: close the trunk, stop reconnecting."""
         self._stopping.set()
         if self._conn is not None:
-            asyncio.ensure_future(self._conn.close())
+            # Keep a reference: the loop holds tasks only weakly.
+            self._closing = asyncio.ensure_future(self._conn.close())
 
     async def run(self) -> None:
         """Connect, register and serve until ``stop()``; reconnect when the runtime goes away.

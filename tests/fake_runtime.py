@@ -49,6 +49,7 @@ class FakeRuntime:
     conn: MuxConnection | None = None
     _ready: asyncio.Event = field(default_factory=asyncio.Event)
     _server: asyncio.AbstractServer | None = None
+    _handshake: asyncio.Future[None] | None = None
 
     # -- connecting ------------------------------------------------------------
 
@@ -112,7 +113,7 @@ class FakeRuntime:
                 raise StatusError(Code.UNKNOWN, self.refuse_registration)
             # Like the adaptation: registration is signalled before the reply goes
             # out, so Configure may overtake it.
-            asyncio.ensure_future(self._configure_and_sync())
+            self._handshake = asyncio.ensure_future(self._configure_and_sync())
             return b""
         if request.method == "UpdateContainers":
             self.updates.append(api.UpdateContainersRequest.FromString(request.payload))
@@ -144,7 +145,9 @@ class FakeRuntime:
             await self.drop()
 
     async def _synchronize(self) -> None:
-        items: list[tuple[str, Message]] = [("pods", p) for p in self.pods] + [("containers", c) for c in self.containers]
+        items: list[tuple[str, Message]] = [("pods", p) for p in self.pods] + [
+            ("containers", c) for c in self.containers
+        ]
         size = self.sync_chunk or max(len(items), 1)
         chunks = [items[i : i + size] for i in range(0, len(items), size)] or [[]]
         for n, chunk in enumerate(chunks):

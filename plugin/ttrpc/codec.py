@@ -1,4 +1,4 @@
-"""The ttrpc Request/Response envelopes, to and from bytes.
+"""The ttrpc Request/Response envelopes, to and from bytes.  (pure)
 
 Theory of operation: the data of every ttrpc REQUEST message is a serialized
 ``Request{service, method, payload, timeout_nano, metadata}``; the data of a

@@ -1,4 +1,4 @@
-"""Status codes and the exception family of the ttrpc transport.
+"""Status codes and the exception family of the ttrpc transport.  (pure)
 
 Theory of operation: every failure the transport can report belongs to one of
 three kinds, and callers react differently to each, so each has its own class:

@@ -1,4 +1,4 @@
-"""ttrpc message framing: a 10-byte header and a body, sans I/O.
+"""ttrpc message framing: a 10-byte header and a body, sans I/O.  (pure)
 
 Theory of operation: one logical ttrpc connection is a byte stream of
 messages, each laid out as::

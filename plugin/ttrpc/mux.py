@@ -1,4 +1,4 @@
-"""NRI trunk multiplexer framing, sans I/O.
+"""NRI trunk multiplexer framing, sans I/O.  (pure)
 
 Theory of operation: NRI runs two logical ttrpc connections over one unix
 stream (the "trunk"). Every piece of a logical connection's bytes travels in a

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -104,7 +103,9 @@ class PodUpdater:
     ],
     ids=["containerd-1.7", "containerd-2.1", "nri-0.12", "crio-1.33"],
 )
-def test_events_the_runtime_does_not_know_are_not_subscribed(runtime: str, version: str, nri: str, expected: int) -> None:
+def test_events_the_runtime_does_not_know_are_not_subscribed(
+    runtime: str, version: str, nri: str, expected: int
+) -> None:
     async def body(rt: FakeRuntime, stub: Stub) -> None:
         pass
 
@@ -151,12 +152,20 @@ def test_state_change_and_v012_dedicated_rpcs_reach_the_same_handler() -> None:
 
     async def body(rt: FakeRuntime, stub: Stub) -> None:
         await rt.state_change(Event.START_CONTAINER, pod("a"), container("c1"))
-        await rt.call("StartContainer", api.StartContainerRequest(pod=pod("b"), container=container("c2")), api.StartContainerResponse)
+        await rt.call(
+            "StartContainer",
+            api.StartContainerRequest(pod=pod("b"), container=container("c2")),
+            api.StartContainerResponse,
+        )
         await rt.state_change(Event.REMOVE_POD_SANDBOX, pod("a"))
         await rt.call("RemovePodSandbox", api.RemovePodSandboxRequest(pod=pod("b")), api.RemovePodSandboxResponse)
         # Events the plugin has no handler for are answered empty, not refused.
         await rt.state_change(Event.POST_START_CONTAINER, pod("a"), container("c1"))
-        await rt.call("PostStartContainer", api.PostStartContainerRequest(pod=pod(), container=container()), api.PostStartContainerResponse)
+        await rt.call(
+            "PostStartContainer",
+            api.PostStartContainerRequest(pod=pod(), container=container()),
+            api.PostStartContainerResponse,
+        )
         # An event number from the future is ignored.
         await rt.state_change(99, pod("a"))
 
@@ -269,7 +278,7 @@ def test_a_non_async_handler_is_refused_at_construction() -> None:
         def create_container(self, p: Any, c: Any) -> None:
             pass
 
-    with pytest.raises(TypeError, match="Bad.create_container must be an async method"):
+    with pytest.raises(TypeError, match=r"Bad\.create_container must be an async method"):
         Stub(Bad(), PluginConfig())
 
 
