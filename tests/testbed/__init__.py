@@ -1,0 +1,16 @@
+"""The project's end-to-end test bed: real containerd daemons with NRI, offline.
+
+Modules (stdlib plus grpcio/protobuf; nothing is installed on the host):
+
+* ``cache``      the cache directory ($NRI_GPU_CACHE, $XDG_CACHE_HOME/nri-gpu, ~/.cache/nri-gpu)
+* ``apt_sources`` which Debian mirror the host uses, read from its apt sources at run time
+* ``debs``       fetch and unpack a Debian package from any suite with a private apt config
+* ``runtimes``   containerd 1.7.24 (trixie), 2.1.9 (sid) and runc 1.1.5 (bookworm) binaries
+* ``images``     the busybox and pause images, built as reproducible OCI layout tars
+* ``containerd`` a private containerd daemon (start, restart, kill, scoped clean-up)
+* ``containerd_config`` its config.toml, version 2 (containerd 1.7) and 3 (2.x)
+* ``cri``        a CRI v1 client over stubs generated at test time from Debian's cri-api
+* ``hostops``    scoped host clean-up: mounts under a path, cgroup trees, processes
+
+``hack/fetch-runtimes`` fills the cache; ``tests/e2e/conftest.py`` holds the fixtures.
+"""
