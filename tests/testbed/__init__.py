@@ -11,6 +11,9 @@ Modules (stdlib plus grpcio/protobuf; nothing is installed on the host):
 * ``containerd_config`` its config.toml, version 2 (containerd 1.7) and 3 (2.x)
 * ``cri``        a CRI v1 client over stubs generated at test time from Debian's cri-api
 * ``hostops``    scoped host clean-up: mounts under a path, cgroup trees, processes
+* ``gpunode``    a simulated GPU node: real NVIDIA 550.163.01 files from Debian, fake /proc and /dev
+* ``ldcaches``   ld.so.cache files (new, old, compat, hwcaps) written by the real ldconfig
 
-``hack/fetch-runtimes`` fills the cache; ``tests/e2e/conftest.py`` holds the fixtures.
+``hack/fetch-runtimes`` fills the cache; ``tests/e2e/conftest.py`` holds the fixtures;
+``hack/simulate-gpu-node`` builds a simulated GPU node by hand.
 """

@@ -7,7 +7,10 @@ install them: ``apt-get download`` fetches the .deb, ``dpkg -x`` unpacks it into
 Theory of operation
 -------------------
 * Each suite gets a PRIVATE apt configuration under ``<cache>/apt/<suite>/``: its own
-  one-line sources list, lists dir, package cache and an empty dpkg status. The system's
+  one-line sources list, lists dir, package cache and an empty dpkg status. A caller
+  that needs other components (the NVIDIA driver is in ``non-free``) or a foreign
+  architecture (``libcuda1:i386``) gets a separate one, ``<cache>/apt/<suite>_<components>_<archs>/``,
+  so the plain ``main``/amd64 lists other tests rely on are never rewritten. The system's
   sources, lists and caches are never read or written. The system's ``apt.conf.d`` IS
   still read, on purpose: that is where a CI machine puts its proxy settings. Hooks that
   it registers for ``apt-get update`` are cleared, since they refresh system caches.
@@ -44,6 +47,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from . import apt_sources
@@ -54,6 +58,7 @@ __all__ = ["DebError", "DebUnavailable", "available_versions", "debian_mirror", 
 log = logging.getLogger(__name__)
 
 ARCH = "amd64"
+DEFAULT_COMPONENTS = ("main",)
 LISTS_MAX_AGE_S = 24 * 3600
 # Suites whose debian-archive-keyring may vouch for a suite the system keyring cannot
 # verify; trixie is stable and signed by keys bookworm knows.
@@ -91,11 +96,18 @@ def debian_mirror() -> tuple[str, Path]:
 
 
 class _Suite:
-    """The private apt configuration of one suite."""
+    """The private apt configuration of one suite (with its components and architectures)."""
 
-    def __init__(self, suite: str) -> None:
+    def __init__(self, suite: str, components: Sequence[str] = DEFAULT_COMPONENTS,
+                 architectures: Sequence[str] = (ARCH,)) -> None:
         self.suite = suite
-        self.dir = cache_dir() / "apt" / suite
+        self.components = tuple(components)
+        self.architectures = tuple(architectures)
+        name = suite
+        if self.components != DEFAULT_COMPONENTS or self.architectures != (ARCH,):
+            # Another sources line means other lists: keep them apart from the plain suite's.
+            name = f"{suite}_{'+'.join(self.components)}_{'+'.join(self.architectures)}"
+        self.dir = cache_dir() / "apt" / name
         self.lists = self.dir / "lists"
         self.stamp = self.lists / ".updated"
         self.conf = self.dir / "apt.conf"
@@ -107,7 +119,8 @@ class _Suite:
         for sub in ("lists/partial", "cache/archives/partial", "empty.d"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         (self.dir / "status").touch()
-        sources = f"deb [arch={ARCH} {signed_by}] {uri} {self.suite} main\n"
+        archs = ",".join(self.architectures)
+        sources = f"deb [arch={archs} {signed_by}] {uri} {self.suite} {' '.join(self.components)}\n"
         _write_if_changed(self.dir / "sources.list", sources)
         # Given with -c, so it is read AFTER the system's apt.conf.d and wins over it.
         conf = f"""\
@@ -125,7 +138,7 @@ Dir::Cache "{self.dir}/cache";
 Dir::Cache::pkgcache "{self.dir}/cache/pkgcache.bin";
 Dir::Cache::srcpkgcache "";
 APT::Architecture "{ARCH}";
-APT::Architectures {{ "{ARCH}"; }};
+APT::Architectures {{ {" ".join(f'"{a}";' for a in self.architectures)} }};
 APT::Sandbox::User "root";
 Acquire::Languages "none";
 Acquire::IndexTargets::deb::Contents-deb::DefaultEnabled "false";
@@ -208,7 +221,8 @@ Acquire::Check-Valid-Until "false";
         return found  # apt lists a package's versions in descending order
 
     def download(self, package: str, version: str, store: Path) -> Path:
-        """Download ``package=version`` into ``store`` and return the .deb's path."""
+        """Download ``package=version`` into ``store`` and return the .deb's path.
+        ``package`` may carry an architecture (``libcuda1:i386``), as apt spells it."""
         store.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=store, prefix=".dl-") as tmp:
             # Empty dir on purpose: apt skips (and --print-uris omits) a .deb already in cwd.
@@ -266,13 +280,23 @@ def _tail(text: str, lines: int = 25) -> str:
 
 def _safe(version: str) -> str:
     # An epoch's ':' would break PATH entries built from these dirs; dpkg writes %3a too.
+    # The same goes for a package's architecture qualifier (libcuda1:i386).
     return version.replace(":", "%3a")
+
+
+def _architectures(package: str, architectures: Sequence[str]) -> tuple[str, ...]:
+    """The private config's architectures: amd64, those asked for, and the package's own."""
+    wanted = [ARCH, *architectures]
+    _, _, qualifier = package.partition(":")
+    if qualifier:
+        wanted.append(qualifier)
+    return tuple(dict.fromkeys(wanted))
 
 
 def _cached_versions(package: str, pattern: str) -> list[str]:
     """Versions of ``package`` already unpacked in the cache that match ``pattern``."""
     root = cache_dir() / "extract"
-    prefix = f"{package}_"
+    prefix = f"{_safe(package)}_"
     found = [
         p.name[len(prefix):].replace("%3a", ":")
         for p in root.glob(f"{prefix}*")
@@ -290,16 +314,23 @@ def _dpkg_compare(a: str, b: str) -> int:
     return -1 if lower else 1
 
 
-def available_versions(package: str, suite: str) -> list[str]:
+def available_versions(package: str, suite: str, *, components: Sequence[str] = DEFAULT_COMPONENTS,
+                       architectures: Sequence[str] = ()) -> list[str]:
     """Versions of ``package`` that ``suite`` offers now, highest first (may update lists)."""
-    apt_suite = _Suite(suite)
+    apt_suite = _Suite(suite, components, _architectures(package, architectures))
     with locked(apt_suite.lock):
         apt_suite.ensure_lists()
         return apt_suite.versions(package)
 
 
-def extract(package: str, suite: str, version: str | None = None) -> Path:
+def extract(package: str, suite: str, version: str | None = None, *,
+            components: Sequence[str] = DEFAULT_COMPONENTS, architectures: Sequence[str] = ()) -> Path:
     """Unpack ``package`` from Debian ``suite`` and return the directory it was unpacked in.
+
+    ``package`` may name an architecture, ``libcuda1:i386``: that architecture is then
+    added to the private apt config. ``components`` (default ``main``) and extra
+    ``architectures`` select a private config of their own; callers fetching several
+    packages should pass the same values to all, so one ``apt-get update`` serves them.
 
     ``version``: None takes the suite's current version; an exact version pins it; a
     glob (``2.1.9+ds1-*``) takes the highest matching one, and is satisfied from the
@@ -313,15 +344,15 @@ def extract(package: str, suite: str, version: str | None = None) -> Path:
     if version is not None:
         cached = _cached_versions(package, pattern)
         if cached:
-            return cache_dir() / "extract" / f"{package}_{_safe(cached[0])}"
-    apt_suite = _Suite(suite)
+            return cache_dir() / "extract" / f"{_safe(package)}_{_safe(cached[0])}"
+    apt_suite = _Suite(suite, components, _architectures(package, architectures))
     with locked(apt_suite.lock):
         try:
             apt_suite.ensure_lists()
         except DebUnavailable:
             cached = _cached_versions(package, pattern)
             if cached:  # offline, but some version was unpacked before: better than nothing
-                return cache_dir() / "extract" / f"{package}_{_safe(cached[0])}"
+                return cache_dir() / "extract" / f"{_safe(package)}_{_safe(cached[0])}"
             raise
         chosen = _choose(apt_suite, package, pattern, is_exact)
         age = apt_suite.lists_age()
@@ -347,21 +378,24 @@ def _choose(apt_suite: _Suite, package: str, pattern: str, is_exact: bool) -> st
 
 def _unpack(apt_suite: _Suite, package: str, version: str) -> Path:
     root = cache_dir() / "extract"
-    target = root / f"{package}_{_safe(version)}"
+    target = root / f"{_safe(package)}_{_safe(version)}"
     if target.is_dir():
         return target
     root.mkdir(parents=True, exist_ok=True)
-    with locked(root / f".{package}.lock"):
+    with locked(root / f".{_safe(package)}.lock"):
         if target.is_dir():  # another process finished it while we waited
             return target
         store = cache_dir() / "debs"
-        debs = sorted(store.glob(f"{package}_{_safe(version)}_*.deb"))
-        deb = debs[0] if debs else None
+        # A .deb is named <name>_<version>_<arch>.deb: match the arch, or another
+        # architecture's build of the same version would do.
+        name, _, arch = package.partition(":")
+        debs = [store / f"{name}_{_safe(version)}_{a}.deb" for a in (arch or ARCH, "all")]
+        deb = next((d for d in debs if d.is_file()), None)
         if deb is None:
             log.info("downloading %s=%s (%s)", package, version, apt_suite.suite)
             with locked(apt_suite.lock):
                 deb = apt_suite.download(package, version, store)
-        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{package}-"))
+        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{_safe(package)}-"))
         proc = subprocess.run(["dpkg", "-x", str(deb), str(tmp)], capture_output=True, text=True)
         if proc.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)

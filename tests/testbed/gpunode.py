@@ -1,0 +1,851 @@
+"""A simulated GPU node: the REAL NVIDIA 550.163.01 user-space files, fake procfs and /dev.
+
+The engine reads a node through three roots (``--driver-root``, ``--dev-root``,
+``--proc-root``). ``build_node(ROOT)`` fills a directory so that all three point into it
+and the engine cannot tell it from a host with a loaded driver and no GPU work running:
+
+* **Driver files** (under ``driver_root``) are NVIDIA's own binaries from Debian
+  ``trixie`` (non-free, contrib, non-free-firmware), version ``550.163.01-2``, re-laid
+  out to the FLAT paths NVIDIA's ``.run`` installer uses on x86-64 Debian/Ubuntu:
+  ``usr/lib/x86_64-linux-gnu/lib<name>.so.550.163.01`` plus the SONAME link
+  (``libcuda.so.1 -> libcuda.so.550.163.01``, the SONAME read from the ELF itself) and
+  the unversioned ``.so`` link where Debian's runtime package ships one; 32-bit copies in
+  ``usr/lib/i386-linux-gnu/``; binaries in ``usr/bin/`` (the real ELF files, never Debian's
+  alternatives or wrapper scripts); GSP firmware in ``lib/firmware/nvidia/550.163.01/``.
+  Debian's own layout (``.../nvidia/current/`` and alternatives) is deliberately NOT
+  reproduced: the installer's layout is what most GPU hosts and the GPU operator's driver
+  container have. ``etc/ld.so.cache`` is written by this machine's real glibc
+  ``ldconfig -r`` from ``etc/ld.so.conf`` (Debian's ``include /etc/ld.so.conf.d/*.conf``
+  form), so the paths in it are node paths (``/usr/lib/x86_64-linux-gnu/libcuda.so.1``).
+  One non-NVIDIA library (zlib, from trixie too, so every machine gets the same cache)
+  sits beside them: a real host's cache is never NVIDIA-only.
+* **procfs** (under ``proc_root``): ``driver/nvidia/{version,params,registry}``,
+  ``driver/nvidia/gpus/<bus>/{information,registry,power}``, minimal
+  ``driver/nvidia/capabilities/`` and ``driver/nvidia-caps/*-minors``, and ``devices``.
+  Every format is the one the 550.163.01 kernel module prints (checked against
+  ``nv-procfs.c``, ``nv-reg.h`` and ``nv-caps.c`` of Debian's nvidia-kernel-source
+  550.163.01-2, and a ``version``/``information`` pair read from a real 550.163.01 host).
+* **Device nodes** (under ``dev_root/dev``): ``nvidiactl`` 195:255, ``nvidia<minor>``
+  195:<minor>, ``nvidia-modeset`` 195:254, ``nvidia-uvm`` UVM:0, ``nvidia-uvm-tools`` UVM:1,
+  ``nvidia-caps/nvidia-cap{1,2}`` (MIG config/monitor). They are real character devices
+  (``os.mknod``) when running as root, else EMPTY REGULAR FILES with the same names: a
+  test that needs ``S_ISCHR`` must check ``SimNode.real_device_nodes``.
+
+GPU indexes are positions in bus-id order (what NVML shows); the device minors are a
+fixed permutation that is NOT the bus order (DGX-like ``[2,3,0,1,6,7,4,5,...]``) so a
+mix-up of index and minor shows. UUIDs are a hash of the bus id: stable across runs,
+hence usable in golden files.
+
+Packages (all ``550.163.01-2`` from trixie unless noted; amd64 unless noted):
+
+* compute/utility: libcuda1, libcudadebugger1, libnvidia-ptxjitcompiler1, libnvidia-nvvm4,
+  libnvidia-gpucomp, libnvidia-ml1, libnvidia-cfg1, libnvidia-api1, libnvidia-pkcs11-openssl3,
+  nvidia-opencl-icd, nvidia-opencl-common, nvidia-smi, nvidia-cuda-mps,
+  nvidia-persistenced (its own source package, ``550.163.01-1`` from contrib: same driver
+  version)
+* video: libnvcuvid1, libnvidia-encode1, libnvidia-opticalflow1, nvidia-vdpau-driver
+* graphics: libnvidia-eglcore (+ glsi), libnvidia-glcore (+ tls), libglx-nvidia0,
+  libegl-nvidia0, libgles-nvidia1, libgles-nvidia2, libnvidia-glvkspirv, libnvidia-rtcore,
+  libnvoptix1, libnvidia-fbc1, libnvidia-allocator1, nvidia-vulkan-common, nvidia-egl-common
+* ngx: libnvidia-ngx1
+* firmware: firmware-nvidia-gsp
+* i386: libcuda1, libnvidia-ml1, libnvidia-ptxjitcompiler1
+* not NVIDIA: zlib1g (``1:1.3.dfsg+really1.3.1-1+b1``)
+
+Not in Debian at this version, hence absent: ``nvidia-debugdump``, ``libnvidia-nscq``,
+``nv-fabricmanager``, ``nvidia-imex``.
+
+Caching: the packages come through ``debs.extract`` (one private apt config for all of
+them). The assembled driver tree is kept under ``<cache>/gpunode/`` keyed by a hash of the
+package list and of ``_LAYOUT_VERSION``, and each node gets HARD LINKS to it (a copy only
+when the cache is on another filesystem), so a warm ``build_node`` takes milliseconds
+and no disk. Consequence: never write INTO a driver file of a node (that would change the
+cache); unlink it and create a new one instead. The small mutable files (``etc/ld.so.*``)
+are real copies.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import functools
+import hashlib
+import json
+import logging
+import os
+import shutil
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import debs
+from .cache import cache_dir, locked
+
+__all__ = [
+    "CAPS_MAJOR",
+    "DRIVER_VERSION",
+    "IMEX_MAJOR",
+    "MAX_GPUS",
+    "NVIDIA_MAJOR",
+    "PACKAGES",
+    "UVM_MAJOR",
+    "SimGpu",
+    "SimNode",
+    "build_node",
+    "driver_tree",
+    "elf_soname",
+    "information_file",
+    "ldconfig_binary",
+    "ldconfig_version",
+    "no_driver_tree",
+    "run_ldconfig",
+]
+
+log = logging.getLogger(__name__)
+
+DRIVER_VERSION = "550.163.01"
+SUITE = "trixie"
+# main for zlib; the driver is split over non-free (libraries), contrib (persistenced)
+# and non-free-firmware (GSP). i386 for the 32-bit compat libraries.
+COMPONENTS = ("main", "contrib", "non-free", "non-free-firmware")
+ARCHITECTURES = ("amd64", "i386")
+_DEB = f"{DRIVER_VERSION}-2"
+# A non-NVIDIA library every real ld.so.cache also lists (and all a driverless node has).
+_ZLIB = ("zlib1g", "1:1.3.dfsg+really1.3.1-1+b1")
+
+# (package, Debian version). Order only matters for readability.
+PACKAGES: tuple[tuple[str, str], ...] = (
+    # compute and utility
+    ("libcuda1", _DEB),
+    ("libcudadebugger1", _DEB),
+    ("libnvidia-ptxjitcompiler1", _DEB),
+    ("libnvidia-nvvm4", _DEB),
+    ("libnvidia-gpucomp", _DEB),
+    ("libnvidia-ml1", _DEB),
+    ("libnvidia-cfg1", _DEB),
+    ("libnvidia-api1", _DEB),
+    ("libnvidia-pkcs11-openssl3", _DEB),
+    ("nvidia-opencl-icd", _DEB),
+    ("nvidia-opencl-common", _DEB),
+    ("nvidia-smi", _DEB),
+    ("nvidia-cuda-mps", _DEB),
+    ("nvidia-persistenced", f"{DRIVER_VERSION}-1"),
+    # video
+    ("libnvcuvid1", _DEB),
+    ("libnvidia-encode1", _DEB),
+    ("libnvidia-opticalflow1", _DEB),
+    ("nvidia-vdpau-driver", _DEB),
+    # graphics
+    ("libnvidia-eglcore", _DEB),
+    ("libnvidia-glcore", _DEB),
+    ("libglx-nvidia0", _DEB),
+    ("libegl-nvidia0", _DEB),
+    ("libgles-nvidia1", _DEB),
+    ("libgles-nvidia2", _DEB),
+    ("libnvidia-glvkspirv", _DEB),
+    ("libnvidia-rtcore", _DEB),
+    ("libnvoptix1", _DEB),
+    ("libnvidia-fbc1", _DEB),
+    ("libnvidia-allocator1", _DEB),
+    ("nvidia-vulkan-common", _DEB),
+    ("nvidia-egl-common", _DEB),
+    # ngx
+    ("libnvidia-ngx1", _DEB),
+    # firmware
+    ("firmware-nvidia-gsp", _DEB),
+    # 32-bit compat (compat32): enough to exercise the i386 ld.so.cache entries
+    ("libcuda1:i386", _DEB),
+    ("libnvidia-ml1:i386", _DEB),
+    ("libnvidia-ptxjitcompiler1:i386", _DEB),
+    _ZLIB,
+)
+
+# Bump when the layout code changes: the cached trees are keyed by it.
+_LAYOUT_VERSION = 1
+
+LIB64 = "usr/lib/x86_64-linux-gnu"
+LIB32 = "usr/lib/i386-linux-gnu"
+
+# Character majors. 195 is fixed by the driver; the others are dynamic, so a node picks
+# values a real one could have: nvidia-uvm in the extended dynamic range (> 255, the
+# range Linux falls back to once 234-254 are taken), which also catches a makedev that
+# only handles 8-bit majors.
+NVIDIA_MAJOR = 195
+UVM_MAJOR = 511
+CAPS_MAJOR = 236
+IMEX_MAJOR = 235
+
+# DGX A100 bus ids for up to 8 GPUs; a 16-GPU layout beyond that. Both ascending.
+_BUS_IDS_8 = (
+    "0000:07:00.0", "0000:0f:00.0", "0000:47:00.0", "0000:4e:00.0",
+    "0000:87:00.0", "0000:90:00.0", "0000:b7:00.0", "0000:bd:00.0",
+)
+_BUS_IDS_16 = (
+    "0000:07:00.0", "0000:0f:00.0", "0000:1a:00.0", "0000:1c:00.0",
+    "0000:47:00.0", "0000:4e:00.0", "0000:5a:00.0", "0000:5c:00.0",
+    "0000:87:00.0", "0000:90:00.0", "0000:9a:00.0", "0000:9c:00.0",
+    "0000:b7:00.0", "0000:bd:00.0", "0000:c8:00.0", "0000:ca:00.0",
+)
+MAX_GPUS = len(_BUS_IDS_16)
+
+MARKER = ".nri-gpu-simulated-node"
+
+
+@dataclass(frozen=True)
+class SimGpu:
+    """One simulated GPU. ``index`` is the NVML index (bus order), ``minor`` the
+    ``Device Minor`` (``/dev/nvidia<minor>``)."""
+
+    index: int
+    minor: int
+    bus_id: str  # procfs form, 16-bit domain: 0000:07:00.0
+    uuid: str  # GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx
+    model: str
+    excluded: bool = False  # "GPU Excluded: Yes" (NVreg_ExcludedGpus)
+
+
+@dataclass(frozen=True)
+class SimNode:
+    root: Path
+    driver_root: Path
+    dev_root: Path
+    proc_root: Path
+    driver_version: str | None  # None: a node without a driver
+    gpus: tuple[SimGpu, ...]
+    real_device_nodes: bool = True  # False: /dev entries are empty regular files
+
+    def flags(self) -> list[str]:
+        """The command-line flags that point an nri-gpu command at this node."""
+        return [
+            "--driver-root", str(self.driver_root),
+            "--dev-root", str(self.dev_root),
+            "--proc-root", str(self.proc_root),
+        ]
+
+
+# --------------------------------------------------------------------------- GPUs
+
+
+def _minor_order(count: int) -> list[int]:
+    """Minors by index: DGX-like ``[2,3,0,1]`` per group of four; a remainder of three
+    is rotated, of two swapped. Only a lone last GPU keeps minor == index (so with
+    ``count == 1``, 5 or 9 ...)."""
+    minors: list[int] = []
+    for base in range(0, count, 4):
+        size = min(4, count - base)
+        group = {4: [2, 3, 0, 1], 3: [1, 2, 0], 2: [1, 0], 1: [0]}[size]
+        minors += [base + m for m in group]
+    return minors
+
+
+def _uuid(bus_id: str) -> str:
+    # Derived from the bus id only: golden files stay stable whatever else changes.
+    h = hashlib.sha256(f"nri-gpu simulated GPU {bus_id}".encode()).hexdigest()
+    return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _make_gpus(count: int, model: str, in_bus_order: bool, excluded: Sequence[int]) -> tuple[SimGpu, ...]:
+    if not 0 <= count <= MAX_GPUS:
+        raise ValueError(f"gpus must be 0..{MAX_GPUS}, not {count}")
+    bad = [i for i in excluded if not 0 <= i < count]
+    if bad:
+        raise ValueError(f"excluded GPU indexes {bad} out of range 0..{count - 1}")
+    buses = (_BUS_IDS_8 if count <= len(_BUS_IDS_8) else _BUS_IDS_16)[:count]
+    minors = list(range(count)) if in_bus_order else _minor_order(count)
+    return tuple(
+        SimGpu(index=i, minor=minors[i], bus_id=bus, uuid=_uuid(bus), model=model, excluded=i in excluded)
+        for i, bus in enumerate(buses)
+    )
+
+
+# --------------------------------------------------------------------------- ELF
+
+
+def elf_soname(path: Path) -> str | None:
+    """DT_SONAME of an ELF shared object (32- or 64-bit, little-endian), None if it has
+    none. Reads the section headers: SHT_DYNAMIC and the string table it links to."""
+    with open(path, "rb") as fh:
+        ident = fh.read(16)
+        if ident[:4] != b"\x7fELF" or ident[5] != 1:
+            raise ValueError(f"{path}: not a little-endian ELF file")
+        is64 = ident[4] == 2
+        fh.seek(0)
+        header = fh.read(64 if is64 else 52)
+        if is64:
+            shoff, = struct.unpack_from("<Q", header, 0x28)
+            shentsize, shnum = struct.unpack_from("<HH", header, 0x3A)
+        else:
+            shoff, = struct.unpack_from("<I", header, 0x20)
+            shentsize, shnum = struct.unpack_from("<HH", header, 0x2E)
+        fh.seek(shoff)
+        table = fh.read(shentsize * shnum)
+        sections = []
+        for i in range(shnum):
+            if is64:
+                _, sh_type, _, _, off, size, link, _, _, entsize = struct.unpack_from("<IIQQQQIIQQ", table, i * shentsize)
+            else:
+                _, sh_type, _, _, off, size, link, _, _, entsize = struct.unpack_from("<IIIIIIIIII", table, i * shentsize)
+            sections.append((sh_type, off, size, link, entsize))
+        for sh_type, off, size, link, _ in sections:
+            if sh_type != 6:  # SHT_DYNAMIC
+                continue
+            fh.seek(off)
+            dynamic = fh.read(size)
+            fmt, step = ("<qQ", 16) if is64 else ("<iI", 8)
+            soname_off = None
+            for pos in range(0, size - step + 1, step):
+                tag, value = struct.unpack_from(fmt, dynamic, pos)
+                if tag == 0:  # DT_NULL
+                    break
+                if tag == 14:  # DT_SONAME
+                    soname_off = value
+            if soname_off is None:
+                return None
+            _, str_off, str_size, _, _ = sections[link]
+            fh.seek(str_off + soname_off)
+            raw = fh.read(min(4096, str_size - soname_off))
+            return raw.split(b"\0", 1)[0].decode()
+    return None
+
+
+# --------------------------------------------------------------------------- ldconfig
+
+
+@functools.cache
+def ldconfig_binary() -> str:
+    """The host's glibc ldconfig (often not on a non-root PATH)."""
+    found = shutil.which("ldconfig") or next(
+        (p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.access(p, os.X_OK)), None
+    )
+    if not found:
+        raise RuntimeError("ldconfig not found (glibc's ldconfig is needed to write ld.so.cache)")
+    return found
+
+
+def run_ldconfig(root: Path, *args: str) -> None:
+    """``ldconfig -X -r root [args]``: the cache lands in ``root/etc/ld.so.cache`` with
+    paths relative to root. -X: the links are the installer's, ldconfig must not touch
+    them. ``-r`` chroots, so a non-root caller goes through a user namespace."""
+    cmd = [ldconfig_binary(), "-X", "-r", str(root), *args]
+    if os.geteuid() != 0:
+        cmd = ["unshare", "--user", "--map-root-user", *cmd]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr.strip()}")
+
+
+def _write_ld_so_conf(root: Path, dirs: Sequence[str]) -> None:
+    # Debian's form: ld.so.conf includes ld.so.conf.d, one file per multiarch triplet.
+    etc = root / "etc"
+    (etc / "ld.so.conf.d").mkdir(parents=True, exist_ok=True)
+    (etc / "ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n\n")
+    for d in dirs:
+        triplet = d.rstrip("/").rsplit("/", 1)[-1]
+        (etc / "ld.so.conf.d" / f"{triplet}.conf").write_text(f"# Multiarch support\n/{d}\n")
+
+
+# --------------------------------------------------------------------------- driver tree
+
+
+def _extract_all() -> dict[str, Path]:
+    return {
+        pkg: debs.extract(pkg, SUITE, version, components=COMPONENTS, architectures=ARCHITECTURES)
+        for pkg, version in PACKAGES
+    }
+
+
+def _tree_key() -> str:
+    blob = json.dumps([_LAYOUT_VERSION, PACKAGES, ldconfig_version()]).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+@functools.cache
+def ldconfig_version() -> str:
+    """First line of ``ldconfig --version``: part of every cache key, since a new glibc
+    may write a different cache."""
+    out = subprocess.run([ldconfig_binary(), "--version"], capture_output=True, text=True).stdout
+    return out.splitlines()[0].strip() if out else "unknown"
+
+
+# Where the installer puts what Debian puts elsewhere. Keys are paths in the .deb.
+_SKIP_PREFIXES = ("usr/share/doc/", "usr/share/man/", "usr/share/lintian/", "usr/share/bug/",
+                  "etc/init.d/", "usr/lib/systemd/", "lib/systemd/")
+
+
+def _relocate(rel: str) -> str | None:
+    """Installer path of a file from a .deb (relative), or None to leave it out."""
+    if rel.startswith(_SKIP_PREFIXES) or rel.endswith(".1.gz"):
+        return None
+    for libdir in (LIB64, LIB32):
+        current = f"{libdir}/nvidia/current/"
+        if rel.startswith(current):
+            rest = rel[len(current):]
+            if rest == "nvoptix.bin":
+                return "usr/share/nvidia/nvoptix.bin"
+            if rest.startswith("nvidia/wine/"):
+                return f"{libdir}/{rest}"  # nvidia/wine/nvngx.dll, as the installer has it
+            if rest.startswith("libvdpau_nvidia."):
+                return f"{libdir}/vdpau/{rest}"  # VDPAU drivers live in vdpau/, off the ld path
+            if rest == "nvidia-drm_gbm.so":
+                return None  # made below as gbm/nvidia-drm_gbm.so
+            return f"{libdir}/{rest}"
+    if rel == "usr/lib/nvidia/current/nvidia-smi":
+        return "usr/bin/nvidia-smi"  # the ELF; Debian's /usr/bin/nvidia-smi is an alternative
+    if rel.startswith("usr/lib/nvidia/"):
+        return None
+    if rel.startswith("usr/sbin/"):
+        return "usr/bin/" + rel[len("usr/sbin/"):]  # nvidia-cuda-mps-server: /usr/bin in the installer
+    if rel.startswith("usr/lib/firmware/"):
+        return rel[len("usr/"):]  # /lib/firmware/nvidia/<ver>/gsp_*.bin
+    if rel.startswith("usr/share/doc"):
+        return None
+    return rel
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Hard link ``src`` at ``dst`` (replacing it); copy when they are on different
+    filesystems or linking is not allowed."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        dst.unlink()
+    except FileNotFoundError:
+        pass
+    try:
+        os.link(src, dst)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            raise
+        _warn_copy_once(exc)
+        shutil.copy2(src, dst)
+
+
+_WARNED_COPY = False
+
+
+def _warn_copy_once(exc: OSError) -> None:
+    global _WARNED_COPY
+    if not _WARNED_COPY:
+        _WARNED_COPY = True
+        log.warning("cannot hard-link from the cache (%s): copying driver files instead, "
+                    "which is slow and uses ~1 GB per node; put $NRI_GPU_CACHE on the same "
+                    "filesystem as the nodes", exc.strerror)
+
+
+def _symlink(target: str, link: Path) -> None:
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    os.symlink(target, link)
+
+
+def _assemble(tree: Path, extracted: dict[str, Path]) -> None:
+    """Lay the extracted packages out at the installer's paths under ``tree``."""
+    dev_links: set[tuple[str, str]] = set()  # (libdir, "libfoo.so") Debian ships
+    for root in extracted.values():
+        for dirpath, _dirnames, filenames in os.walk(root):
+            for name in filenames:
+                src = Path(dirpath) / name
+                rel = src.relative_to(root).as_posix()
+                dest = _relocate(rel)
+                if dest is None:
+                    continue
+                if src.is_symlink():
+                    # Debian's links are remade from the ELF SONAMEs below; only note
+                    # which unversioned development links the runtime package carries.
+                    if name.endswith(".so") and name.startswith("lib"):
+                        dev_links.add((str(Path(dest).parent), name))
+                    continue
+                _link_or_copy(src, tree / dest)
+                if dest.startswith("usr/bin/"):
+                    os.chmod(tree / dest, 0o755)
+    # SONAME links, as the installer creates them (libcuda.so.1 -> libcuda.so.550.163.01).
+    sonames: dict[tuple[str, str], str] = {}
+    for libdir in (LIB64, LIB32):
+        for lib in sorted((tree / libdir).glob("lib*.so*")):
+            if lib.is_symlink() or not lib.is_file():
+                continue
+            soname = elf_soname(lib)
+            stem = lib.name.split(".so", 1)[0]
+            if soname:
+                sonames[libdir, stem] = soname
+                if soname != lib.name:
+                    _symlink(lib.name, tree / libdir / soname)
+    for libdir, name in sorted(dev_links):
+        soname = sonames.get((libdir, name[: -len(".so")]))
+        if soname:
+            _symlink(soname, tree / libdir / name)
+    # The GBM backend link the installer makes (and the toolkit's graphics mounts expect).
+    if (tree / LIB64 / "libnvidia-allocator.so.1").is_symlink():
+        _symlink("../libnvidia-allocator.so.1", tree / LIB64 / "gbm/nvidia-drm_gbm.so")
+    _write_ld_so_conf(tree, [LIB64, LIB32])
+    run_ldconfig(tree)
+
+
+def driver_tree() -> Path:
+    """The assembled driver tree in the cache, built on first use (downloads the
+    packages if needed). Raises debs.DebUnavailable when offline with nothing cached."""
+    base = cache_dir() / "gpunode"
+    tree = base / f"driver-{DRIVER_VERSION}-{_tree_key()}"
+    if tree.is_dir():
+        return tree
+    with locked(base / ".lock"):
+        if tree.is_dir():
+            return tree
+        extracted = _extract_all()
+        tmp = Path(tempfile.mkdtemp(dir=base, prefix=".driver-"))
+        try:
+            _assemble(tmp, extracted)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, tree)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        log.info("assembled driver tree %s", tree)
+    return tree
+
+
+def no_driver_tree() -> Path:
+    """The driver root of a node without a driver: only zlib and an ld.so.cache."""
+    base = cache_dir() / "gpunode"
+    blob = json.dumps([_LAYOUT_VERSION, _ZLIB, ldconfig_version()]).encode()
+    tree = base / f"nodriver-{hashlib.sha256(blob).hexdigest()[:12]}"
+    if tree.is_dir():
+        return tree
+    with locked(base / ".lock"):
+        if tree.is_dir():
+            return tree
+        pkg, version = _ZLIB
+        zlib = debs.extract(pkg, SUITE, version, components=COMPONENTS, architectures=ARCHITECTURES)
+        tmp = Path(tempfile.mkdtemp(dir=base, prefix=".nodriver-"))
+        try:
+            _assemble(tmp, {pkg: zlib})
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, tree)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return tree
+
+
+# Copied, not linked, into each node: tests edit or delete them.
+_PRIVATE = ("etc/ld.so.cache", "etc/ld.so.conf")
+
+
+def _walk(tree: Path) -> Iterator[tuple[str, Path]]:
+    for dirpath, dirnames, filenames in os.walk(tree):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            yield path.relative_to(tree).as_posix(), path
+
+
+def _install_tree(tree: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for rel, src in _walk(tree):
+        target = dest / rel
+        if src.is_symlink():
+            _symlink(os.readlink(src), target)
+        elif src.is_dir():
+            target.mkdir(exist_ok=True)
+        elif rel in _PRIVATE or rel.startswith("etc/ld.so.conf.d/"):
+            if target.exists() or target.is_symlink():
+                target.unlink()
+            shutil.copy2(src, target)
+        else:
+            _link_or_copy(src, target)
+
+
+# --------------------------------------------------------------------------- procfs
+
+# /proc/driver/nvidia/version of Debian trixie's 550.163.01 module (read on a real host).
+_VERSION_FILE = (
+    f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {DRIVER_VERSION}  Tue Apr  8 12:41:17 UTC 2025\n"
+    "GCC version:  gcc version 14.2.0 (Debian 14.2.0-19) \n"
+)
+
+# nv_parms[] of 550.163.01's nv-reg.h, in table order, with the driver's defaults;
+# the string parameters follow, as nv_procfs_read_params prints them.
+_PARAMS = (
+    ("ResmanDebugLevel", 4294967295), ("RmLogonRC", 1), ("ModifyDeviceFiles", 1),
+    ("DeviceFileUID", 0), ("DeviceFileGID", 0), ("DeviceFileMode", 438),
+    ("InitializeSystemMemoryAllocations", 1), ("UsePageAttributeTable", 4294967295),
+    ("EnableMSI", 1), ("EnablePCIeGen3", 0), ("MemoryPoolSize", 0), ("KMallocHeapMaxSize", 0),
+    ("VMallocHeapMaxSize", 0), ("IgnoreMMIOCheck", 0), ("TCEBypassMode", 0),
+    ("EnableStreamMemOPs", 0), ("EnableUserNUMAManagement", 1), ("NvLinkDisable", 0),
+    ("RmProfilingAdminOnly", 1), ("PreserveVideoMemoryAllocations", 0),
+    ("EnableS0ixPowerManagement", 0), ("S0ixPowerManagementVideoMemoryThreshold", 256),
+    ("DynamicPowerManagement", 3), ("DynamicPowerManagementVideoMemoryThreshold", 200),
+    ("RegisterPCIDriver", 1), ("EnablePCIERelaxedOrderingMode", 0), ("EnableResizableBar", 0),
+    ("EnableGpuFirmware", 18), ("EnableGpuFirmwareLogs", 2), ("EnableDbgBreakpoint", 0),
+    ("OpenRmEnableUnsupportedGpus", 1), ("DmaRemapPeerMmio", 1), ("ImexChannelCount", 2048),
+)
+
+
+def _params_file(excluded_uuids: Sequence[str]) -> str:
+    lines = [f"{k}: {v}\n" for k, v in _PARAMS]
+    strings = (("RegistryDwords", ""), ("RegistryDwordsPerDevice", ""), ("RmMsg", ""),
+               ("GpuBlacklist", ""), ("TemporaryFilePath", ""), ("ExcludedGpus", ",".join(excluded_uuids)))
+    lines += [f'{k}: "{v}"\n' for k, v in strings]
+    return "".join(lines)
+
+
+def information_file(gpu: SimGpu) -> str:
+    """``/proc/driver/nvidia/gpus/<bus>/information`` exactly as 550.163.01's
+    nv_procfs_read_gpu_info prints it (550 prints no ``GPU Firmware:`` line; later
+    drivers add one between ``Device Minor`` and ``GPU Excluded``)."""
+    return (
+        f"Model: \t\t {gpu.model}\n"
+        f"IRQ:   \t\t {_irq(gpu)}\n"
+        f"GPU UUID: \t {gpu.uuid}\n"
+        "Video BIOS: \t 92.00.45.00.06\n"
+        "Bus Type: \t PCIe\n"
+        "DMA Size: \t 47 bits\n"
+        "DMA Mask: \t 0x7fffffffffff\n"
+        f"Bus Location: \t {gpu.bus_id}\n"
+        f"Device Minor: \t {gpu.minor}\n"
+        f"GPU Excluded:\t {'Yes' if gpu.excluded else 'No'}\n"
+    )
+
+
+def _irq(gpu: SimGpu) -> int:
+    return 160 + 17 * gpu.index  # any legacy INTx line; nothing reads it
+
+
+_POWER_FILE = (
+    "Runtime D3 status:          Not supported\n"
+    "Video Memory:               Active\n\n"
+    "GPU Hardware Support:\n"
+    " Video Memory Self Refresh: Not supported\n"
+    " Video Memory Off:          Not supported\n"
+)
+
+# /proc/devices of a Debian 12 GPU server. The dynamic majors are examples; the NVIDIA
+# ones are the module constants above. Block device 254 (mdp) shares a number with a
+# character device on purpose: only the "Character devices:" section counts.
+_CHAR_DEVICES = (
+    (1, "mem"), (4, "/dev/vc/0"), (4, "tty"), (4, "ttyS"), (5, "/dev/tty"), (5, "/dev/console"),
+    (5, "/dev/ptmx"), (7, "vcs"), (10, "misc"), (13, "input"), (21, "sg"), (29, "fb"), (89, "i2c"),
+    (99, "ppdev"), (108, "ppp"), (128, "ptm"), (136, "pts"), (180, "usb"), (189, "usb_device"),
+    (202, "cpu/msr"), (203, "cpu/cpuid"), (226, "drm"), (234, "ipmidev"),
+    (239, "aux"), (240, "cec"), (241, "lirc"), (242, "ptp"), (243, "pps"), (244, "rtc"),
+    (245, "dma_heap"), (246, "dimmctl"), (247, "ndctl"), (248, "nvme-generic"), (249, "nvme"),
+    (250, "hidraw"), (251, "wwan_port"), (252, "bsg"), (253, "tpm"), (254, "gpiochip"),
+    (510, "tpmrm"),
+)
+_NVIDIA_CHAR_DEVICES = (
+    (NVIDIA_MAJOR, "nvidia"), (NVIDIA_MAJOR, "nvidia-modeset"), (NVIDIA_MAJOR, "nvidiactl"),
+    (IMEX_MAJOR, "nvidia-caps-imex-channels"), (CAPS_MAJOR, "nvidia-caps"),
+    (237, "nvidia-nvswitch"), (238, "nvidia-nvlink"), (UVM_MAJOR, "nvidia-uvm"),
+)
+_BLOCK_DEVICES = (
+    (7, "loop"), (8, "sd"), (9, "md"), (11, "sr"), (65, "sd"), (66, "sd"), (67, "sd"), (68, "sd"),
+    (69, "sd"), (70, "sd"), (71, "sd"), (128, "sd"), (129, "sd"), (130, "sd"), (131, "sd"),
+    (132, "sd"), (133, "sd"), (134, "sd"), (135, "sd"), (253, "device-mapper"), (254, "mdp"),
+    (259, "blkext"),
+)
+
+
+def _devices_file(driver: bool) -> str:
+    chars = list(_CHAR_DEVICES) + (list(_NVIDIA_CHAR_DEVICES) if driver else [])
+    # The kernel lists by major; entries of one major keep registration (minor) order.
+    chars.sort(key=lambda e: e[0])
+    out = ["Character devices:\n"] + [f"{m:3d} {n}\n" for m, n in chars]
+    out += ["\nBlock devices:\n"] + [f"{m:3d} {n}\n" for m, n in _BLOCK_DEVICES]
+    return "".join(out)
+
+
+def _mig_minors() -> str:
+    # nv-caps.c: minors are handed out in table order: nvlink fabric-mgmt 0, MIG config 1
+    # and monitor 2, then per GPU (32) per GI (15): the GI's access and its 8 CIs'.
+    lines = ["config 1\n", "monitor 2\n"]
+    minor = 3
+    for gpu in range(32):
+        for gi in range(15):
+            lines.append(f"gpu{gpu}/gi{gi}/access {minor}\n")
+            minor += 1
+            for ci in range(8):
+                lines.append(f"gpu{gpu}/gi{gi}/ci{ci}/access {minor}\n")
+                minor += 1
+    return "".join(lines)
+
+
+_SYS_MINOR = 3 + 32 * 15 * 9  # fabric-imex-mgmt, the table after the MIG GPUs
+
+
+def _write(path: Path, text: str, mode: int = 0o444) -> None:
+    # The kernel's modes (0444, registry 0644). Root writes through 0444 anyway; another
+    # user gets owner-write so tests can still edit the files as a changed driver would.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.chmod(path, mode if os.geteuid() == 0 else mode | 0o200)
+
+
+def _write_procfs(proc: Path, gpus: Sequence[SimGpu], driver: bool) -> None:
+    _write(proc / "devices", _devices_file(driver))
+    if not driver:
+        return
+    nv = proc / "driver/nvidia"
+    _write(nv / "version", _VERSION_FILE)
+    _write(nv / "params", _params_file([g.uuid for g in gpus if g.excluded]))
+    _write(nv / "registry", 'Binary: ""\n', 0o644)
+    for gpu in gpus:
+        d = nv / "gpus" / gpu.bus_id
+        _write(d / "information", information_file(gpu))
+        _write(d / "registry", 'Binary: ""\n', 0o644)
+        _write(d / "power", _POWER_FILE)
+    (nv / "gpus").mkdir(parents=True, exist_ok=True)
+    # Capability files (nv-caps.c nv_cap_procfs_show); mode 256 = 0400, 292 = 0444.
+    caps = nv / "capabilities"
+    _write(caps / "mig/config", "DeviceFileMinor: 1\nDeviceFileMode: 256\nDeviceFileModify: 1\n")
+    _write(caps / "mig/monitor", "DeviceFileMinor: 2\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    _write(caps / "fabric-imex-mgmt", f"DeviceFileMinor: {_SYS_MINOR}\nDeviceFileMode: 256\nDeviceFileModify: 1\n")
+    nvcaps = proc / "driver/nvidia-caps"
+    _write(nvcaps / "mig-minors", _mig_minors())
+    _write(nvcaps / "nvlink-minors", "fabric-mgmt 0\n")
+    _write(nvcaps / "sys-minors", f"fabric-imex-mgmt {_SYS_MINOR}\n")
+
+
+# --------------------------------------------------------------------------- /dev
+
+
+def _device_nodes(gpus: Sequence[SimGpu]) -> list[tuple[str, int, int, int]]:
+    """(path under dev/, major, minor, mode) of every NVIDIA node."""
+    nodes = [("nvidiactl", NVIDIA_MAJOR, 255, 0o666), ("nvidia-modeset", NVIDIA_MAJOR, 254, 0o666)]
+    nodes += [(f"nvidia{g.minor}", NVIDIA_MAJOR, g.minor, 0o666) for g in sorted(gpus, key=lambda g: g.minor)]
+    nodes += [("nvidia-uvm", UVM_MAJOR, 0, 0o666), ("nvidia-uvm-tools", UVM_MAJOR, 1, 0o666)]
+    # What nvidia-modprobe makes for MIG config/monitor (the capability files' modes).
+    nodes += [("nvidia-caps/nvidia-cap1", CAPS_MAJOR, 1, 0o400), ("nvidia-caps/nvidia-cap2", CAPS_MAJOR, 2, 0o444)]
+    return nodes
+
+
+def _write_dev(dev: Path, gpus: Sequence[SimGpu], driver: bool, real: bool | None) -> bool:
+    """Create the device nodes; returns whether they are real character devices."""
+    dev.mkdir(parents=True, exist_ok=True)
+    if not driver:
+        return bool(real if real is not None else os.geteuid() == 0)
+    (dev / "nvidia-caps").mkdir(exist_ok=True)
+    use_mknod = os.geteuid() == 0 if real is None else real
+    for rel, major, minor, mode in _device_nodes(gpus):
+        path = dev / rel
+        if path.exists() or path.is_symlink():
+            path.unlink()
+        if use_mknod:
+            try:
+                os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
+                os.chmod(path, mode)  # mknod is subject to the umask
+                continue
+            except PermissionError:
+                if real:  # asked for explicitly: say so rather than fake it
+                    raise
+                log.warning("mknod not permitted (no CAP_MKNOD?): device nodes are regular files")
+                use_mknod = False
+        path.touch()
+        os.chmod(path, mode)
+    return use_mknod
+
+
+# --------------------------------------------------------------------------- node
+
+
+def build_node(
+    root: Path,
+    *,
+    gpus: int = 4,
+    driver: bool = True,
+    driver_subdir: str = "",
+    in_bus_order: bool = False,
+    model: str = "NVIDIA A100-SXM4-80GB",
+    real_device_nodes: bool | None = None,
+    excluded: Sequence[int] = (),
+) -> SimNode:
+    """Build a simulated GPU node in ``root`` (created if missing) and describe it.
+
+    ``driver_subdir``: where the driver files go, relative to root: "" (a host install)
+    or e.g. ``run/nvidia/driver`` (the GPU operator's driver container; /dev and /proc
+    stay at root). ``driver=False``: no driver at all (no /proc/driver/nvidia, no NVIDIA
+    majors or nodes, an ld.so.cache with zlib only); ``gpus`` is then ignored and the
+    node has none. ``real_device_nodes``: None = character devices iff running as root
+    (falling back to regular files if mknod is refused), True = insist, False = regular
+    files. ``excluded``: GPU indexes the driver reports as ``GPU Excluded: Yes``.
+    """
+    sim_gpus = _make_gpus(gpus, model, in_bus_order, excluded) if driver else ()  # validates first
+    root = Path(root).absolute()
+    root.mkdir(parents=True, exist_ok=True)
+    driver_root = root / driver_subdir if driver_subdir else root
+    _install_tree(driver_tree() if driver else no_driver_tree(), driver_root)
+    proc = root / "proc"
+    _write_procfs(proc, sim_gpus, driver)
+    real = _write_dev(root / "dev", sim_gpus, driver, real_device_nodes)
+    node = SimNode(
+        root=root, driver_root=driver_root, dev_root=root, proc_root=proc,
+        driver_version=DRIVER_VERSION if driver else None, gpus=sim_gpus, real_device_nodes=real,
+    )
+    (root / MARKER).write_text(json.dumps({"flags": node.flags(), "gpus": [g.__dict__ for g in sim_gpus]}, indent=1) + "\n")
+    return node
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _summary(node: SimNode) -> str:
+    rows = [("index", "minor", "bus id", "uuid", "")]
+    rows += [(str(g.index), str(g.minor), g.bus_id, g.uuid, "excluded" if g.excluded else "") for g in node.gpus]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    if not node.driver_version:
+        return f"simulated node {node.root}: no NVIDIA driver, no GPUs (ld.so.cache with zlib only)"
+    nodes = "character devices" if node.real_device_nodes else "device nodes are regular files (not root)"
+    head = f"simulated node {node.root}: driver {node.driver_version} at {node.driver_root}, {len(node.gpus)} GPU(s), {nodes}"
+    return "\n".join([head, *lines])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hack/simulate-gpu-node",
+        description="Build a simulated GPU node (real NVIDIA 550.163.01 files from Debian, fake /proc and /dev).",
+    )
+    parser.add_argument("root", type=Path, help="directory to build the node in")
+    parser.add_argument("--gpus", type=int, default=4, help=f"number of GPUs, 0..{MAX_GPUS} (default 4)")
+    parser.add_argument("--driver-root-subdir", default="", metavar="DIR",
+                        help="put the driver files under ROOT/DIR, e.g. run/nvidia/driver (GPU operator layout)")
+    parser.add_argument("--no-driver", action="store_true", help="a node without any NVIDIA driver")
+    parser.add_argument("--in-bus-order", action="store_true", help="device minors equal to the indexes")
+    parser.add_argument("--exclude", type=int, action="append", default=[], metavar="INDEX",
+                        help="mark GPU INDEX 'GPU Excluded: Yes' (repeatable)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace a node this tool built before (a ROOT holding anything else is never deleted)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+
+    root: Path = args.root.absolute()
+    if root.exists() and not root.is_dir():
+        parser.error(f"{root} exists and is not a directory")
+    if root.is_dir() and any(root.iterdir()):
+        if not args.force:
+            print(f"error: {root} is not empty; pass --force to replace the node built there", file=sys.stderr)
+            return 2
+        if root.resolve() == Path("/") or not (root / MARKER).is_file():
+            print(f"error: {root} is not empty and holds no node built by this tool ({MARKER} missing): "
+                  "refusing to delete it, even with --force", file=sys.stderr)
+            return 2
+        shutil.rmtree(root)
+    start = time.monotonic()
+    try:
+        node = build_node(root, gpus=args.gpus, driver=not args.no_driver, driver_subdir=args.driver_root_subdir,
+                          in_bus_order=args.in_bus_order, excluded=args.exclude)
+    except (ValueError, debs.DebError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(_summary(node))
+    print(f"built in {time.monotonic() - start:.2f}s; flags for nri-gpu commands:")
+    print(" ".join(node.flags()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
