@@ -1,0 +1,27 @@
+"""The engine's exception family: one root, one subclass per stage.  (pure)
+
+Every message names the offending value, because it ends up in front of a
+user: as the reason a container was refused, or a warning at discovery.
+"""
+
+from __future__ import annotations
+
+
+class EngineError(Exception):
+    """Root of everything the engine raises on purpose."""
+
+
+class DiscoveryError(EngineError):
+    """The node's files could not be read or make no sense (a parser's input is malformed)."""
+
+
+class RequestError(EngineError):
+    """A container's GPU request is malformed or not allowed (bad list, unknown capability, policy)."""
+
+
+class UnknownDeviceError(RequestError):
+    """A requested GPU does not exist on this node (index out of range, unknown UUID or bus id)."""
+
+
+class RequirementError(EngineError):
+    """An ``NVIDIA_REQUIRE_*`` condition is not met, or cannot be parsed."""

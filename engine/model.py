@@ -1,0 +1,174 @@
+"""The engine's values: what a node has, what a container asked for, what it gets.  (pure)
+
+Frozen dataclasses only. Paths inside an ``Inventory`` are *node paths*: what the
+path is on a host whose driver root is ``/`` (``/usr/lib/x86_64-linux-gnu/libcuda.so.1``),
+so the same inventory reads the same whether the driver lives at ``/`` or under
+``/run/nvidia/driver``; the plan adds the driver root back for mount sources.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Capability(enum.Enum):
+    """``NVIDIA_DRIVER_CAPABILITIES`` values."""
+
+    COMPUTE = "compute"
+    COMPAT32 = "compat32"
+    GRAPHICS = "graphics"
+    UTILITY = "utility"
+    VIDEO = "video"
+    DISPLAY = "display"
+    NGX = "ngx"
+
+
+ALL_CAPABILITIES = frozenset(Capability)
+DEFAULT_CAPABILITIES = frozenset({Capability.UTILITY, Capability.COMPUTE})
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One whole GPU, from ``/proc/driver/nvidia/gpus/<bus>/information``.
+
+    ``index`` is the position in PCI bus-id order (what nvidia-smi shows);
+    ``minor`` names the device node ``/dev/nvidia<minor>`` and may differ.
+    """
+
+    index: int
+    minor: int
+    bus_id: str  # as procfs names the directory: "0000:07:00.0"
+    uuid: str  # "GPU-8e9f...": as the driver prints it
+    model: str
+    arch: str | None = None  # compute capability "8.0", when known
+    brand: str | None = None  # "tesla", "geforce", ... when known
+
+
+@dataclass(frozen=True)
+class LdCacheEntry:
+    """One entry of glibc's ld.so.cache: ``libcuda.so.1 (libc6,x86-64) => /usr/lib/.../libcuda.so.1``."""
+
+    name: str  # the key, normally the SONAME: "libcuda.so.1"
+    path: str  # as written in the cache (relative to the root ldconfig ran for)
+    flags: int  # raw glibc flags word
+    is_64bit: bool  # x86-64 (or another 64-bit ABI) vs 32-bit (i386)
+    hwcap: int = 0
+
+
+@dataclass(frozen=True)
+class Library:
+    """A driver library found through the ld.so cache.
+
+    ``path`` is the real file (``libcuda.so.550.163.01``) after resolving the
+    cache entry's symlink within the driver root; ``soname`` is the cache key.
+    """
+
+    soname: str  # "libcuda.so.1"
+    path: str  # node path of the real file: "/usr/lib/x86_64-linux-gnu/libcuda.so.550.163.01"
+    capabilities: frozenset[Capability]
+    is_64bit: bool = True
+
+    @property
+    def folder(self) -> str:
+        return self.path.rsplit("/", 1)[0] or "/"
+
+    @property
+    def basename(self) -> str:
+        return self.path.rsplit("/", 1)[1]
+
+
+class FileKind(enum.Enum):
+    BINARY = "binary"
+    FIRMWARE = "firmware"
+    IPC = "ipc"  # a daemon's socket or pipe folder: mounted writable so clients can connect
+
+
+@dataclass(frozen=True)
+class DriverFile:
+    """A binary, firmware blob or IPC endpoint injected as a bind mount.
+
+    ``path`` is where it appears (in the container, as on the node); ``source`` is
+    the node path of the real file after links (``/usr/bin/nvidia-smi`` may be a
+    link into ``/usr/lib/nvidia/current``).
+    """
+
+    path: str
+    source: str
+    kind: FileKind
+    capabilities: frozenset[Capability]  # empty = every GPU container gets it
+
+
+class DeviceKind(enum.Enum):
+    CONTROL = "control"  # /dev/nvidiactl
+    GPU = "gpu"  # /dev/nvidia<minor>
+    UVM = "uvm"  # /dev/nvidia-uvm
+    UVM_TOOLS = "uvm-tools"  # /dev/nvidia-uvm-tools
+    MODESET = "modeset"  # /dev/nvidia-modeset
+
+
+@dataclass(frozen=True)
+class DeviceNode:
+    """A character device for the container: path in the container, numbers, mode."""
+
+    path: str
+    major: int
+    minor: int
+    type: str = "c"
+    mode: int = 0o666
+    kind: DeviceKind = DeviceKind.GPU
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """Everything the engine knows about the node; made once by discovery, then read-only."""
+
+    driver_version: str | None  # "550.163.01"; None when there is no driver
+    cuda_version: str | None  # "12.4" as cuDriverGetVersion reports it; None if unknown
+    gpus: tuple[Gpu, ...]
+    control_devices: tuple[DeviceNode, ...]  # nvidiactl, uvm, uvm-tools, modeset (those the node has)
+    nvidia_major: int | None
+    libraries: tuple[Library, ...]
+    files: tuple[DriverFile, ...]  # binaries, firmware, IPC sockets
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def has_driver(self) -> bool:
+        return self.driver_version is not None
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A bind mount: ``source`` on the host, ``destination`` in the container."""
+
+    source: str
+    destination: str
+    options: tuple[str, ...] = ("ro", "nosuid", "nodev", "rbind", "rprivate")
+
+
+@dataclass(frozen=True)
+class Symlink:
+    """A link to create in the container at start: ``path`` -> ``target``."""
+
+    path: str
+    target: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Exactly what one container gets. Empty for a container that asked for nothing."""
+
+    gpus: tuple[Gpu, ...] = ()
+    capabilities: frozenset[Capability] = frozenset()
+    devices: tuple[DeviceNode, ...] = ()
+    mounts: tuple[Mount, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    # Work for container start (inside its mount namespace):
+    visible_bus_ids: tuple[str, ...] = ()  # what stays under /proc/driver/nvidia/gpus
+    symlinks: tuple[Symlink, ...] = ()
+    ldconfig_folders: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default=())  # decisions worth a log line (capabilities capped, ...)
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.devices or self.mounts or self.env)
