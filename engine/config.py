@@ -1,0 +1,129 @@
+"""Engine settings: where the node's files are, and the policy for requests.  (pure)
+
+The config file's ``[engine]`` table holds the roots and ``[policy]`` the
+request policy; ``__main__`` builds an ``EngineConfig`` from it and from flags.
+Every value is validated here and a bad one is reported with its key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from engine.errors import EngineError
+from engine.model import ALL_CAPABILITIES, Capability
+
+
+class EngineConfigError(EngineError, ValueError):
+    """A setting is unknown or has a bad value; the message names the key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """Who may ask for GPUs, and how.
+
+    ``accept_env_unprivileged``: honour ``NVIDIA_VISIBLE_DEVICES`` in containers
+    that are not privileged (the toolkit's default, yes). Security: an image that
+    bakes in ``NVIDIA_VISIBLE_DEVICES=all`` then gets every GPU on the node,
+    around the scheduler; set false on shared clusters and use the annotation.
+
+    ``accept_volume_mounts``: read the device plugin's ``/dev/null`` markers under
+    ``/var/run/nvidia-container-devices/`` (off by default, as the toolkit).
+
+    ``annotation_namespaces``: Kubernetes namespaces whose pods may use the
+    ``nvidia.com/gpus`` annotations; None allows every namespace.
+
+    ``capabilities``: upper bound on ``NVIDIA_DRIVER_CAPABILITIES``; a request
+    beyond it is capped (and the plan notes it).
+
+    ``require_checks``: evaluate ``NVIDIA_REQUIRE_*``; off skips them all.
+
+    ``legacy_image_all_gpus``: the toolkit gives a legacy CUDA image (``CUDA_VERSION``
+    set, ``NVIDIA_REQUIRE_CUDA`` unset) every GPU when it names none. That made
+    sense for a runtime chosen per container; we see every container of the
+    node, so it is off: such an image gets GPUs only when it asks.
+    """
+
+    accept_env_unprivileged: bool = True
+    accept_volume_mounts: bool = False
+    annotation_namespaces: tuple[str, ...] | None = None
+    capabilities: frozenset[Capability] = ALL_CAPABILITIES
+    require_checks: bool = True
+    legacy_image_all_gpus: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """``driver_root``: where the driver's files live (``/``, or ``/run/nvidia/driver``
+    with the GPU operator); ``dev_root``: under which ``dev/nvidia*`` are found;
+    ``proc_root``: the procfs to read (``/proc``)."""
+
+    driver_root: str = "/"
+    dev_root: str = "/"
+    proc_root: str = "/proc"
+    policy: Policy = dataclasses.field(default_factory=Policy)
+
+    def __post_init__(self) -> None:
+        for key in ("driver_root", "dev_root", "proc_root"):
+            value = getattr(self, key)
+            if not isinstance(value, str) or not value.startswith("/"):
+                raise EngineConfigError(f"engine.{key}: {value!r} must be an absolute path")
+
+    def with_roots(self, **roots: str | None) -> EngineConfig:
+        changes: dict[str, Any] = {k: v for k, v in roots.items() if v is not None}
+        return dataclasses.replace(self, **changes)
+
+
+_ROOT_KEYS = ("driver_root", "dev_root", "proc_root")
+_BOOL_POLICY = ("accept_env_unprivileged", "accept_volume_mounts", "require_checks", "legacy_image_all_gpus")
+
+
+def _capabilities(value: Any) -> frozenset[Capability]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise EngineConfigError(f"policy.capabilities: expected a list of strings, got {value!r}")
+    known = {c.value: c for c in Capability}
+    caps = set()
+    for name in value:
+        if name == "all":
+            return ALL_CAPABILITIES
+        if name not in known:
+            raise EngineConfigError(
+                f"policy.capabilities: unknown capability {name!r} (known: {', '.join(sorted(known))}, all)"
+            )
+        caps.add(known[name])
+    return frozenset(caps)
+
+
+def policy_from_mapping(table: Mapping[str, Any]) -> Policy:
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        if key in _BOOL_POLICY:
+            if not isinstance(value, bool):
+                raise EngineConfigError(f"policy.{key}: expected true or false, got {value!r}")
+            values[key] = value
+        elif key == "annotation_namespaces":
+            if value == "*" or value == ["*"]:
+                values[key] = None
+            elif isinstance(value, list) and all(isinstance(v, str) and v for v in value):
+                values[key] = tuple(value)
+            else:
+                raise EngineConfigError(f'policy.annotation_namespaces: expected a list of names or "*", got {value!r}')
+        elif key == "capabilities":
+            values[key] = _capabilities(value)
+        else:
+            known = sorted((*_BOOL_POLICY, "annotation_namespaces", "capabilities"))
+            raise EngineConfigError(f"policy.{key}: unknown setting (known: {', '.join(known)})")
+    return Policy(**values)
+
+
+def from_tables(engine: Mapping[str, Any], policy: Mapping[str, Any]) -> EngineConfig:
+    """Build from the config file's ``[engine]`` and ``[policy]`` tables."""
+    roots: dict[str, str] = {}
+    for key, value in engine.items():
+        if key not in _ROOT_KEYS:
+            raise EngineConfigError(f"engine.{key}: unknown setting (known: {', '.join(_ROOT_KEYS)})")
+        if not isinstance(value, str):
+            raise EngineConfigError(f"engine.{key}: expected a path string, got {value!r}")
+        roots[key] = value
+    return EngineConfig(policy=policy_from_mapping(policy), **roots)

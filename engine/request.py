@@ -1,0 +1,349 @@
+"""What a container asks for: which GPUs, which driver capabilities, which requirements.  (pure)
+
+Theory of operation: ``parse_request`` looks for a device list in a fixed order
+and the first place that has one decides, even when it says ``void``:
+
+1. the pod annotation ``nvidia.com/gpus.container.<container name>``;
+2. the pod annotation ``nvidia.com/gpus``;
+3. with ``policy.accept_volume_mounts``, the device plugin's ``/dev/null``
+   markers mounted under ``/var/run/nvidia-container-devices/<id>``;
+4. the env ``NVIDIA_VISIBLE_DEVICES`` (refused for unprivileged containers
+   unless ``policy.accept_env_unprivileged``);
+5. with ``policy.legacy_image_all_gpus``, every GPU for a legacy CUDA image
+   (``CUDA_VERSION`` set, ``NVIDIA_REQUIRE_CUDA`` unset) that names none.
+
+A container that has none of these costs a few dict lookups and gets
+``RequestOutcome(None)``. Otherwise the device list is parsed (grammar only:
+whether GPU 3 exists is for ``selection``), then ``NVIDIA_DRIVER_CAPABILITIES``
+(capped by ``policy.capabilities``) and the ``NVIDIA_REQUIRE_*`` expressions
+are collected as text for ``requirements.check``.
+
+Every error is a ``RequestError`` that names the bad entry and where it came
+from, e.g. ``env NVIDIA_VISIBLE_DEVICES="0,x": unknown device "x" (...)``.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from engine.config import Policy
+from engine.errors import RequestError
+from engine.model import ALL_CAPABILITIES, DEFAULT_CAPABILITIES, Capability
+from engine.procfs import canonical_bus_id
+
+POD_ANNOTATION = "nvidia.com/gpus"
+CONTAINER_ANNOTATION_PREFIX = "nvidia.com/gpus.container."
+VOLUME_MARKER_DIR = "/var/run/nvidia-container-devices"
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+DRIVER_CAPABILITIES = "NVIDIA_DRIVER_CAPABILITIES"
+DISABLE_REQUIRE = "NVIDIA_DISABLE_REQUIRE"
+REQUIRE_PREFIX = "NVIDIA_REQUIRE_"
+IGNORED_REQUIREMENTS = frozenset({"NVIDIA_REQUIRE_JETPACK"})
+MAX_DEVICES = 1024  # no node has more GPUs; bounds what one list may expand to
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    """What the engine is told about one container (the plugin builds it from NRI's messages)."""
+
+    name: str
+    pod_name: str = ""
+    pod_namespace: str = ""
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)  # merged container env
+    mounts: tuple[tuple[str, str], ...] = ()  # (source, destination)
+    privileged: bool = False
+
+
+@dataclass(frozen=True)
+class ByIndex:
+    index: int
+
+
+@dataclass(frozen=True)
+class ByUuid:
+    uuid: str  # "GPU-" + lower-case hex
+
+
+@dataclass(frozen=True)
+class ByBusId:
+    bus_id: str  # canonical "0000:07:00.0"
+
+
+DeviceId: TypeAlias = ByIndex | ByUuid | ByBusId
+
+
+class Selection(enum.Enum):
+    ALL = "all"
+    NONE = "none"  # the driver, but no GPU
+    LIST = "list"
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    selection: Selection
+    ids: tuple[DeviceId, ...]  # only for LIST: deduplicated, in request order
+    capabilities: frozenset[Capability]
+    requirements: tuple[tuple[str, str], ...]  # (variable, expression) sorted by variable; () when disabled
+    source: str  # 'annotation "nvidia.com/gpus"', 'env NVIDIA_VISIBLE_DEVICES', 'volume mounts', ...
+
+
+@dataclass(frozen=True)
+class RequestOutcome:
+    """The request (None: the container gets nothing) and the decisions worth a log line."""
+
+    request: GpuRequest | None
+    notes: tuple[str, ...] = ()
+
+
+_NOTHING = RequestOutcome(None)
+
+# ASCII only: \d and re.IGNORECASE would let other scripts' digits and letters in.
+_INDEX = re.compile(r"[0-9]+", re.ASCII)
+_RANGE = re.compile(r"([0-9]+)-([0-9]+)", re.ASCII)
+_UUID = re.compile(r"GPU-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})", re.ASCII | re.IGNORECASE)
+_MIG_INDEX = re.compile(r"[0-9]+:[0-9]+", re.ASCII)
+_CUDA_VERSION = re.compile(r"([0-9]+)\.([0-9]+)(?:\..*)?", re.ASCII)
+_KEYWORDS = ("void", "all", "none")
+_FORMS = "an index (0), a range (0-3), a GPU UUID (GPU-...), a PCI bus id (0000:07:00.0), all, none or void"
+_CAPABILITY_BY_NAME = {c.value: c for c in Capability}
+_TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})  # Go's strconv.ParseBool
+_FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+
+
+def _q(text: str, limit: int = 120) -> str:
+    """``text`` quoted for a message; cut short when long, escaped when not printable."""
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f'"{text}"' if text.isprintable() else repr(text)
+
+
+# -- device lists -----------------------------------------------------------------
+
+
+def parse_device_list(value: str, *, what: str) -> tuple[Selection, tuple[DeviceId, ...]] | None:
+    """``NVIDIA_VISIBLE_DEVICES`` grammar; None means void (no request). ``what`` names the source in errors.
+
+    >>> parse_device_list("0-1, GPU-8E9F0000-0000-0000-0000-0000000000AB", what="env")
+    (<Selection.LIST: 'list'>, (ByIndex(index=0), ByIndex(index=1), ByUuid(uuid='GPU-8e9f0000-0000-0000-0000-0000000000ab')))
+    >>> parse_device_list("void", what="env") is None, parse_device_list("0,all", what="env")
+    (True, (<Selection.ALL: 'all'>, ()))
+    """
+    if not value.strip():
+        return None
+    return _parse_entries([entry.strip() for entry in value.split(",")], what)
+
+
+def _parse_entries(entries: list[str], what: str) -> tuple[Selection, tuple[DeviceId, ...]] | None:
+    if "void" in entries:
+        return None
+    if "all" in entries:
+        return Selection.ALL, ()
+    if "none" in entries:
+        return Selection.NONE, ()
+    ids: list[DeviceId] = []
+    for entry in entries:
+        ids.extend(_parse_entry(entry, what))
+        if len(ids) > MAX_DEVICES:
+            raise RequestError(f"{what}: names more than {MAX_DEVICES} devices")
+    return Selection.LIST, tuple(dict.fromkeys(ids))
+
+
+def _parse_entry(entry: str, what: str) -> tuple[DeviceId, ...]:
+    if _INDEX.fullmatch(entry):
+        return (ByIndex(_index(entry, entry, what)),)
+    if m := _RANGE.fullmatch(entry):
+        first, last = _index(m[1], entry, what), _index(m[2], entry, what)
+        if first > last:
+            raise RequestError(f"{what}: range {_q(entry)} runs backwards (write {last}-{first})")
+        return tuple(ByIndex(i) for i in range(first, last + 1))
+    if m := _UUID.fullmatch(entry):
+        return (ByUuid("GPU-" + m[1].lower()),)
+    if entry.upper().startswith("MIG-") or _MIG_INDEX.fullmatch(entry):
+        raise RequestError(f"{what}: {_q(entry)}: MIG devices are not supported yet")
+    if entry.upper().startswith("GPU-"):
+        raise RequestError(
+            f"{what}: malformed GPU UUID {_q(entry)} (expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
+        )
+    try:
+        return (ByBusId(canonical_bus_id(entry)),)
+    except ValueError:
+        pass
+    raise RequestError(f"{what}: {_unknown_entry(entry)}")
+
+
+def _index(digits: str, entry: str, what: str) -> int:
+    significant = digits.lstrip("0") or "0"
+    if len(significant) > len(str(MAX_DEVICES)) or int(significant) >= MAX_DEVICES:
+        raise RequestError(f"{what}: GPU index in {_q(entry)} is out of range (at most {MAX_DEVICES - 1})")
+    return int(significant)
+
+
+def _unknown_entry(entry: str) -> str:
+    if not entry:
+        return f"empty entry (a stray comma?); expected {_FORMS}"
+    if entry.lower() in _KEYWORDS:
+        return f"unknown device {_q(entry)}; did you mean {entry.lower()}?"
+    if entry.startswith("cdi/") or "=" in entry:
+        return f"{_q(entry)}: CDI device names are not supported"
+    if entry.startswith("imex/"):
+        return f"{_q(entry)}: IMEX channels are not supported"
+    return f"unknown device {_q(entry)}; expected {_FORMS}"
+
+
+def _marker_ids(mounts: Iterable[tuple[str, str]]) -> list[str]:
+    prefix = VOLUME_MARKER_DIR + "/"
+    return [dest[len(prefix) :].strip("/") for src, dest in mounts if src == "/dev/null" and dest.startswith(prefix)]
+
+
+# -- capabilities and requirements -------------------------------------------------------
+
+
+def parse_capabilities(value: str | None, *, legacy_image: bool) -> frozenset[Capability]:
+    """``NVIDIA_DRIVER_CAPABILITIES``: unset or empty gives utility+compute (every one for a legacy image).
+
+    Names compare case-insensitively; empty entries are skipped; ``all`` anywhere means all.
+
+    >>> sorted(c.value for c in parse_capabilities(" Compute, video ", legacy_image=False))
+    ['compute', 'video']
+    """
+    if value is None or not value.strip():
+        return ALL_CAPABILITIES if legacy_image else DEFAULT_CAPABILITIES
+    caps: set[Capability] = set()
+    everything = False
+    for raw in value.split(","):
+        name = raw.strip().lower()
+        if name == "all":
+            everything = True
+        elif name:
+            cap = _CAPABILITY_BY_NAME.get(name)
+            if cap is None:
+                known = ", ".join(sorted(_CAPABILITY_BY_NAME))
+                raise RequestError(
+                    f"env {DRIVER_CAPABILITIES}={_q(value)}: unknown capability {_q(raw.strip())} (known: {known}, all)"
+                )
+            caps.add(cap)
+    if everything:
+        return ALL_CAPABILITIES
+    return frozenset(caps) or (ALL_CAPABILITIES if legacy_image else DEFAULT_CAPABILITIES)
+
+
+def _parse_bool(name: str, value: str) -> bool:
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise RequestError(
+        f"env {name}={_q(value)}: expected a boolean (1, t, true, TRUE, True, 0, f, false, FALSE, False)"
+    )
+
+
+def _is_legacy(env: Mapping[str, str]) -> bool:
+    return bool(env.get("CUDA_VERSION")) and not env.get("NVIDIA_REQUIRE_CUDA")
+
+
+def _legacy_requirement(cuda_version: str) -> str:
+    m = _CUDA_VERSION.fullmatch(cuda_version.strip())
+    if m is None:
+        raise RequestError(f"env CUDA_VERSION={_q(cuda_version)}: expected a version like 12.4 or 12.4.1")
+    return f"cuda>={int(m[1])}.{int(m[2])}"
+
+
+def _requirements(
+    env: Mapping[str, str], policy: Policy, legacy: bool, notes: list[str]
+) -> tuple[tuple[str, str], ...]:
+    found = [
+        (name, value)
+        for name, value in env.items()
+        if name.startswith(REQUIRE_PREFIX) and name not in IGNORED_REQUIREMENTS and value.strip()
+    ]
+    if not policy.require_checks:
+        if found or legacy:
+            notes.append("NVIDIA_REQUIRE_* not checked: policy.require_checks is off")
+        return ()
+    disable = env.get(DISABLE_REQUIRE)
+    if disable and _parse_bool(DISABLE_REQUIRE, disable):
+        if found or legacy:
+            notes.append(f"NVIDIA_REQUIRE_* not checked: the container sets {DISABLE_REQUIRE}={disable}")
+        return ()
+    if legacy:
+        found.append(("CUDA_VERSION", _legacy_requirement(env["CUDA_VERSION"])))
+    return tuple(sorted(found))
+
+
+# -- the request ----------------------------------------------------------------------------
+
+
+def parse_request(info: ContainerInfo, policy: Policy) -> RequestOutcome:
+    """The GPU request of one container, by the precedence in the module docstring.
+
+    Raises RequestError for a malformed list, capability, boolean or CUDA_VERSION,
+    and for what policy forbids outright (annotations from a namespace not allowed).
+    """
+    annotations = info.pod_annotations
+    for key in (CONTAINER_ANNOTATION_PREFIX + info.name, POD_ANNOTATION):
+        value = annotations.get(key)
+        if value is not None:
+            _check_namespace(info, policy, key)
+            source = f"annotation {_q(key)}"
+            return _outcome(info.env, policy, source, parse_device_list(value, what=f"{source}={_q(value)}"))
+
+    env = info.env
+    env_value = env.get(VISIBLE_DEVICES)
+    names_markers = env_value is not None and env_value.strip() == VOLUME_MARKER_DIR
+    if policy.accept_volume_mounts:
+        ids = _marker_ids(info.mounts)
+        if ids:
+            what = f"volume mounts under {VOLUME_MARKER_DIR}/ ({', '.join(map(_q, ids))})"
+            return _outcome(env, policy, "volume mounts", _parse_entries(ids, what))
+        if names_markers:
+            return RequestOutcome(
+                None, (f"env {VISIBLE_DEVICES}={VOLUME_MARKER_DIR} points at volume-mount markers, but there are none",)
+            )
+    elif names_markers:
+        raise RequestError(
+            f"env {VISIBLE_DEVICES}={VOLUME_MARKER_DIR} asks for GPUs by volume-mount markers, "
+            "but policy.accept_volume_mounts is off; turn it on, or name the GPUs by annotation or env"
+        )
+
+    if env_value is None:
+        if not (policy.legacy_image_all_gpus and _is_legacy(env)):
+            return _NOTHING
+        source = f"legacy CUDA image rule (CUDA_VERSION={_q(env['CUDA_VERSION'])}, no {VISIBLE_DEVICES})"
+        env_value = "all"
+    else:
+        source = f"env {VISIBLE_DEVICES}"
+    if not info.privileged and not policy.accept_env_unprivileged:
+        note = f"{source} ignored by policy: the container is not privileged and policy.accept_env_unprivileged is off"
+        return RequestOutcome(None, (note,))
+    return _outcome(env, policy, source, parse_device_list(env_value, what=f"{source}={_q(env_value)}"))
+
+
+def _check_namespace(info: ContainerInfo, policy: Policy, key: str) -> None:
+    allowed = policy.annotation_namespaces
+    if allowed is not None and info.pod_namespace not in allowed:
+        raise RequestError(
+            f"annotation {_q(key)} on pod {info.pod_namespace}/{info.pod_name}: namespace {_q(info.pod_namespace)} "
+            f"may not use GPU annotations (policy.annotation_namespaces: {', '.join(allowed) or 'none'})"
+        )
+
+
+def _outcome(
+    env: Mapping[str, str], policy: Policy, source: str, parsed: tuple[Selection, tuple[DeviceId, ...]] | None
+) -> RequestOutcome:
+    if parsed is None:
+        return _NOTHING
+    selection, ids = parsed
+    notes: list[str] = []
+    legacy = _is_legacy(env)
+    asked = parse_capabilities(env.get(DRIVER_CAPABILITIES), legacy_image=legacy)
+    capabilities = asked & policy.capabilities
+    if capabilities != asked:
+        dropped = ", ".join(sorted(c.value for c in asked - capabilities))
+        notes.append(f"capabilities capped by policy.capabilities: {dropped} dropped")
+    requirements = _requirements(env, policy, legacy, notes)
+    return RequestOutcome(GpuRequest(selection, ids, capabilities, requirements, source), tuple(notes))
