@@ -1,0 +1,136 @@
+"""Which driver files each capability needs.  (pure)
+
+The lists follow libnvidia-container's legacy mode, the one mode of the toolkit
+that gave a container only what its ``NVIDIA_DRIVER_CAPABILITIES`` named (CDI
+mode mounts every driver library into every GPU container). A library belongs
+to the driver when its file name is ``<stem>.so.<driver version>``; that is how
+a stale library from an older driver is kept out.
+"""
+
+from __future__ import annotations
+
+from engine.model import Capability
+
+C = Capability
+
+# Library stem (file name up to ".so") -> capabilities that bring it.
+_LIBRARIES: dict[str, frozenset[Capability]] = {}
+
+
+def _add(caps: set[Capability], *stems: str) -> None:
+    for stem in stems:
+        _LIBRARIES[stem] = _LIBRARIES.get(stem, frozenset()) | frozenset(caps)
+
+
+_add({C.UTILITY}, "libnvidia-ml", "libnvidia-cfg", "libnvidia-nscq")
+# video needs the compute libraries too (NVENC/NVDEC sit on CUDA).
+_add(
+    {C.COMPUTE, C.VIDEO},
+    "libcuda",
+    "libcudadebugger",
+    "libnvidia-opencl",
+    "libnvidia-gpucomp",
+    "libnvidia-ptxjitcompiler",
+    "libnvidia-fatbinaryloader",
+    "libnvidia-allocator",
+    "libnvidia-compiler",
+    "libnvidia-pkcs11",
+    "libnvidia-pkcs11-openssl3",
+    "libnvidia-nvvm",
+    "libnvidia-tileiras",
+)
+_add({C.VIDEO}, "libvdpau_nvidia", "libnvidia-encode", "libnvidia-opticalflow", "libnvcuvid")
+# display is graphics plus the modeset device.
+_add(
+    {C.GRAPHICS, C.DISPLAY},
+    "libnvidia-eglcore",
+    "libnvidia-glcore",
+    "libnvidia-tls",
+    "libnvidia-glsi",
+    "libnvidia-fbc",
+    "libnvidia-ifr",
+    "libnvidia-rtcore",
+    "libnvoptix",
+    "libGLX_nvidia",
+    "libEGL_nvidia",
+    "libGLESv2_nvidia",
+    "libGLESv1_CM_nvidia",
+    "libnvidia-glvkspirv",
+    "libnvidia-cbl",
+)
+_add({C.NGX}, "libnvidia-ngx")
+
+LIBRARIES: dict[str, frozenset[Capability]] = dict(_LIBRARIES)
+
+# Binaries, looked up in these folders of the driver root, first match wins.
+BINARY_FOLDERS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin", "/usr/local/sbin")
+BINARIES: dict[str, frozenset[Capability]] = {
+    "nvidia-smi": frozenset({C.UTILITY}),
+    "nvidia-debugdump": frozenset({C.UTILITY}),
+    "nvidia-persistenced": frozenset({C.UTILITY}),
+    "nv-fabricmanager": frozenset({C.UTILITY}),
+    "nvidia-cuda-mps-control": frozenset({C.COMPUTE}),
+    "nvidia-cuda-mps-server": frozenset({C.COMPUTE}),
+}
+
+# IPC endpoints of daemons on the node: (path, capabilities). Mounted read-write
+# (a client must be able to connect), nosuid, nodev, noexec.
+IPC: tuple[tuple[str, frozenset[Capability]], ...] = (
+    ("/run/nvidia-persistenced/socket", frozenset({C.UTILITY})),
+    ("/run/nvidia-fabricmanager/socket", frozenset({C.UTILITY})),
+    ("/tmp/nvidia-mps", frozenset({C.COMPUTE})),
+)
+
+FIRMWARE_FOLDERS = ("/lib/firmware/nvidia", "/usr/lib/firmware/nvidia")
+
+
+def library_stem(file_name: str) -> str | None:
+    """``libcuda.so.550.163.01`` -> ``libcuda``; None if it is no shared-object name."""
+    stem, sep, _ = file_name.partition(".so")
+    return stem if sep and stem else None
+
+
+def library_capabilities(file_name: str, driver_version: str) -> frozenset[Capability] | None:
+    """The capabilities of a driver library file, or None if it is not one of this driver's.
+
+    >>> sorted(c.value for c in library_capabilities("libcuda.so.550.163.01", "550.163.01"))
+    ['compute', 'video']
+    >>> library_capabilities("libcuda.so.535.54.03", "550.163.01") is None
+    True
+    """
+    stem = library_stem(file_name)
+    if stem is None or file_name != f"{stem}.so.{driver_version}":
+        return None
+    return LIBRARIES.get(stem)
+
+
+def wanted_library_capabilities(capabilities: frozenset[Capability]) -> frozenset[Capability]:
+    """The library capabilities a request needs; compat32 only changes the word size."""
+    return frozenset(capabilities - {C.COMPAT32})
+
+
+# Best effort, from the model name the driver prints, for NVIDIA_REQUIRE_* ``arch``
+# and ``brand`` (NVML would know; we do not load it). First match wins, so longer
+# names come before their prefixes. Unknown stays None, which the requirement
+# check treats as satisfied, as the toolkit does for a value it cannot read.
+_ARCH = (
+    ("GB200", "10.0"), ("B200", "10.0"), ("B100", "10.0"),
+    ("GH200", "9.0"), ("H200", "9.0"), ("H100", "9.0"), ("H800", "9.0"),
+    ("L40", "8.9"), ("L4", "8.9"), ("RTX 40", "8.9"), ("Ada", "8.9"),
+    ("A100", "8.0"), ("A800", "8.0"), ("A30", "8.0"),
+    ("A40", "8.6"), ("A16", "8.6"), ("A10", "8.6"), ("A2", "8.6"), ("RTX A", "8.6"), ("RTX 30", "8.6"),
+    ("T4", "7.5"), ("RTX 20", "7.5"), ("Quadro RTX", "7.5"),
+    ("V100", "7.0"), ("P100", "6.0"),
+)  # fmt: skip
+_BRAND = (("GeForce", "geforce"), ("Quadro", "quadro"), ("Tesla", "tesla"), ("TITAN", "titan"))
+
+
+def gpu_facts(model: str) -> tuple[str | None, str | None]:
+    """(compute capability, brand) guessed from the model name; None where unknown.
+
+    >>> gpu_facts("NVIDIA A100-SXM4-80GB"), gpu_facts("Tesla V100-SXM2-16GB"), gpu_facts("Mystery")
+    (('8.0', None), ('7.0', 'tesla'), (None, None))
+    """
+    arch = next((value for key, value in _ARCH if key in model), None)
+    brand = next((value for key, value in _BRAND if key.lower() in model.lower()), None)
+    return arch, brand

@@ -1,0 +1,251 @@
+"""Discovery: the node's files -> ``Inventory``, without NVML.
+
+Sources, all read through ``Root`` objects:
+
+* ``<proc_root>/driver/nvidia/version``: the driver version; its absence means
+  "no driver", which is an empty inventory, not an error;
+* ``<proc_root>/driver/nvidia/gpus/<bus>/information``: one file per GPU. The
+  GPU *index* is its position in PCI bus-id order (what nvidia-smi shows); the
+  *minor* names ``/dev/nvidia<minor>`` and is often, not always, the same;
+* ``<proc_root>/devices``: the majors of ``nvidia`` (``nvidia-frontend`` before
+  550.40) and ``nvidia-uvm``;
+* ``<dev_root>/dev/nvidia*``: which control nodes exist;
+* ``<driver_root>/etc/ld.so.cache``: the driver libraries, kept when their file
+  name carries the driver version, sorted into capabilities;
+* the driver root's binary folders, GSP firmware and daemons' IPC endpoints.
+
+Anything optional that is missing or unreadable becomes a warning in the
+inventory. Discovery runs once at start and again when ``fingerprint`` changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import time
+from collections.abc import Callable
+
+from engine import catalogue, procfs
+from engine.config import EngineConfig
+from engine.cudaversion import read_cuda_version
+from engine.errors import DiscoveryError
+from engine.ldcache import parse_ld_so_cache
+from engine.model import (
+    DeviceKind,
+    DeviceNode,
+    DriverFile,
+    FileKind,
+    Gpu,
+    Inventory,
+    Library,
+)
+from engine.root import Root
+
+logger = logging.getLogger(__name__)
+
+CudaVersionReader = Callable[[str], tuple[str | None, str | None]]
+
+_GPUS = "/driver/nvidia/gpus"
+_VERSION = "/driver/nvidia/version"
+CONTROL_MINOR = 255
+MODESET_MINOR = 254
+
+
+def fingerprint(config: EngineConfig) -> tuple[str, tuple[str, ...]]:
+    """Cheap identity of the driver state: version file text and the GPU folder names.
+
+    A new driver (version line changes) or GPUs appearing or disappearing
+    (folders change) make it differ; checking it costs two small reads.
+    """
+    proc = Root(config.proc_root)
+    try:
+        version = proc.read_text(_VERSION, limit=4096)
+    except DiscoveryError:
+        version = ""
+    return version, tuple(proc.listdir(_GPUS))
+
+
+def discover(config: EngineConfig, *, cuda_version: CudaVersionReader = read_cuda_version) -> Inventory:
+    """Take the node's inventory. Raises nothing for missing pieces; see ``Inventory.warnings``."""
+    warnings: list[str] = []
+    proc, dev, driver = Root(config.proc_root), Root(config.dev_root), Root(config.driver_root)
+    try:
+        version = procfs.parse_driver_version(proc.read_text(_VERSION, limit=4096))
+    except DiscoveryError as exc:
+        warnings.append(f"no NVIDIA driver on this node: {exc}")
+        return Inventory(None, None, (), (), None, (), (), tuple(warnings))
+
+    majors = _majors(proc, warnings)
+    nvidia_major = procfs.nvidia_major(majors)
+    gpus = _gpus(proc, warnings)
+    controls = _control_devices(dev, nvidia_major, majors.get("nvidia-uvm"), warnings)
+    if nvidia_major is not None:
+        for gpu in gpus:
+            if not dev.exists(f"/dev/nvidia{gpu.minor}"):
+                warnings.append(f"GPU {gpu.index} ({gpu.bus_id}): {dev.host_path(f'/dev/nvidia{gpu.minor}')} missing")
+    libraries = _libraries(driver, version, warnings)
+    files = _binaries(driver) + _firmware(driver, version) + _ipc(driver)
+    cuda = _cuda_version(driver, libraries, cuda_version, warnings)
+    for warning in warnings:
+        logger.warning("discovery: %s", warning)
+    return Inventory(version, cuda, gpus, controls, nvidia_major, libraries, files, tuple(warnings))
+
+
+def _majors(proc: Root, warnings: list[str]) -> dict[str, int]:
+    try:
+        return procfs.parse_proc_devices(proc.read_text("/devices", limit=1 << 20))
+    except DiscoveryError as exc:
+        warnings.append(f"device majors unknown: {exc}")
+        return {}
+
+
+def _gpus(proc: Root, warnings: list[str]) -> tuple[Gpu, ...]:
+    found: list[tuple[str, procfs.GpuInformation]] = []
+    for name in proc.listdir(_GPUS):
+        path = f"{_GPUS}/{name}/information"
+        try:
+            info = procfs.parse_gpu_information(proc.read_text(path, limit=1 << 16), source=proc.host_path(path))
+            bus_id = procfs.canonical_bus_id(info.bus_location)
+        except (DiscoveryError, ValueError) as exc:
+            warnings.append(f"GPU {name} skipped: {exc}")
+            continue
+        if info.excluded:
+            warnings.append(f"GPU {bus_id} is excluded by the driver (NVreg_ExcludedGpus); not offered")
+            continue
+        found.append((bus_id, info))
+    found.sort(key=lambda item: item[0])
+    gpus = []
+    for index, (bus_id, info) in enumerate(found):
+        arch, brand = catalogue.gpu_facts(info.model)
+        gpus.append(Gpu(index, info.minor, bus_id, info.uuid, info.model, arch, brand))
+    minors = [g.minor for g in gpus]
+    if len(set(minors)) != len(minors):
+        warnings.append(f"GPUs share device minors {minors}; procfs is inconsistent")
+    return tuple(gpus)
+
+
+def _control_devices(
+    dev: Root, nvidia_major: int | None, uvm_major: int | None, warnings: list[str]
+) -> tuple[DeviceNode, ...]:
+    wanted: list[tuple[str, int | None, int, DeviceKind]] = [
+        ("/dev/nvidiactl", nvidia_major, CONTROL_MINOR, DeviceKind.CONTROL),
+        ("/dev/nvidia-uvm", uvm_major, 0, DeviceKind.UVM),
+        ("/dev/nvidia-uvm-tools", uvm_major, 1, DeviceKind.UVM_TOOLS),
+        ("/dev/nvidia-modeset", nvidia_major, MODESET_MINOR, DeviceKind.MODESET),
+    ]
+    nodes = []
+    for path, major, minor, kind in wanted:
+        if major is None:
+            warnings.append(f"{path}: its major is not in /proc/devices")
+        elif not dev.exists(path):
+            warnings.append(f"{path}: not present under {dev.path}")
+        else:
+            nodes.append(DeviceNode(path, major, minor, kind=kind))
+    return tuple(nodes)
+
+
+def _libraries(driver: Root, version: str, warnings: list[str]) -> tuple[Library, ...]:
+    try:
+        entries = parse_ld_so_cache(driver.read_bytes("/etc/ld.so.cache"))
+    except DiscoveryError as exc:
+        warnings.append(f"driver libraries unknown: {exc}")
+        return ()
+    found: dict[tuple[str, bool], Library] = {}
+    for entry in entries:
+        real = driver.resolve(entry.path)
+        caps = catalogue.library_capabilities(posixpath.basename(real), version)
+        stem = catalogue.library_stem(entry.name)
+        # The cache may also list a development link (libcuda.so); keep the SONAME entry.
+        if caps is None or stem is None or entry.name == f"{stem}.so" or not driver.is_file(real):
+            continue
+        found.setdefault((entry.name, entry.is_64bit), Library(entry.name, real, caps, entry.is_64bit))
+    if not found:
+        warnings.append(f"no libraries of driver {version} in {driver.host_path('/etc/ld.so.cache')}")
+    return tuple(sorted(found.values(), key=lambda lib: (not lib.is_64bit, lib.soname)))
+
+
+def _binaries(driver: Root) -> tuple[DriverFile, ...]:
+    files = []
+    for name, caps in catalogue.BINARIES.items():
+        for folder in catalogue.BINARY_FOLDERS:
+            path = f"{folder}/{name}"
+            if driver.is_file(path):
+                files.append(DriverFile(path, driver.resolve(path), FileKind.BINARY, caps))
+                break
+    return tuple(files)
+
+
+def _firmware(driver: Root, version: str) -> tuple[DriverFile, ...]:
+    seen: dict[str, DriverFile] = {}
+    for folder in catalogue.FIRMWARE_FOLDERS:
+        base = f"{folder}/{version}"
+        for name in driver.listdir(base):
+            path = f"{base}/{name}"
+            if name.startswith("gsp") and name.endswith(".bin") and driver.is_file(path):
+                source = driver.resolve(path)
+                # /lib is often a link to /usr/lib: one mount per real file.
+                seen.setdefault(source, DriverFile(path, source, FileKind.FIRMWARE, frozenset()))
+    return tuple(seen.values())
+
+
+def _ipc(driver: Root) -> tuple[DriverFile, ...]:
+    return tuple(
+        DriverFile(path, driver.resolve(path), FileKind.IPC, caps)
+        for path, caps in catalogue.IPC
+        if driver.is_socket(path) or driver.is_dir(path)
+    )
+
+
+def _cuda_version(
+    driver: Root, libraries: tuple[Library, ...], reader: CudaVersionReader, warnings: list[str]
+) -> str | None:
+    libcuda = next((lib for lib in libraries if lib.soname == "libcuda.so.1" and lib.is_64bit), None)
+    if libcuda is None:
+        warnings.append("CUDA version unknown: no 64-bit libcuda.so.1 among the driver libraries")
+        return None
+    version, why = reader(driver.host_path(libcuda.path))
+    if version is None:
+        warnings.append(f"CUDA version unknown: {why}")
+    return version
+
+
+class InventoryCache:
+    """The inventory, taken again only when the driver state changes.
+
+    ``get()`` is cheap enough for every request: at most every ``interval``
+    seconds it compares ``fingerprint`` (two small procfs reads) with the last
+    one and re-runs discovery when a new driver was loaded or GPUs appeared or
+    disappeared.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        interval: float = 10.0,
+        take: Callable[[EngineConfig], Inventory] = discover,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = config
+        self._interval = interval
+        self._take = take
+        self._clock = clock
+        self._fingerprint = fingerprint(config)
+        self._inventory = take(config)
+        self._checked = clock()
+
+    def get(self) -> Inventory:
+        if self._clock() - self._checked >= self._interval:
+            self.refresh()
+        return self._inventory
+
+    def refresh(self) -> bool:
+        """Check now; True if the driver state changed and the inventory was taken again."""
+        self._checked = self._clock()
+        current = fingerprint(self._config)
+        if current == self._fingerprint:
+            return False
+        logger.info("driver state changed; taking the node's inventory again")
+        self._fingerprint = current
+        self._inventory = self._take(self._config)
+        return True

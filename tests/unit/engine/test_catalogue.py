@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import doctest
+
+import pytest
+
+from engine import catalogue
+from engine.model import Capability as C
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("libcuda.so.550.163.01", {C.COMPUTE, C.VIDEO}),
+        ("libnvidia-ml.so.550.163.01", {C.UTILITY}),
+        ("libnvcuvid.so.550.163.01", {C.VIDEO}),
+        ("libGLX_nvidia.so.550.163.01", {C.GRAPHICS, C.DISPLAY}),
+        ("libnvidia-ngx.so.550.163.01", {C.NGX}),
+        ("libcuda.so.535.54.03", None),  # another driver's leftover
+        ("libcuda.so.1", None),  # a link name, not the versioned file
+        ("libnvidia-gtk3.so.550.163.01", None),  # deliberately never injected
+        ("libz.so.550.163.01", None),
+    ],
+)
+def test_library_capabilities(name: str, expected: set[C] | None) -> None:
+    caps = catalogue.library_capabilities(name, "550.163.01")
+    assert caps == (frozenset(expected) if expected is not None else None)
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(catalogue).failed == 0
+
+
+@pytest.mark.parametrize(
+    ("model", "arch", "brand"),
+    [
+        ("NVIDIA A100-SXM4-80GB", "8.0", None),
+        ("NVIDIA A10", "8.6", None),
+        ("NVIDIA H100 80GB HBM3", "9.0", None),
+        ("NVIDIA L40S", "8.9", None),
+        ("Tesla T4", "7.5", "tesla"),
+        ("NVIDIA GeForce RTX 4090", "8.9", "geforce"),
+        ("Unknown Future GPU", None, None),
+    ],
+)
+def test_gpu_facts(model: str, arch: str | None, brand: str | None) -> None:
+    assert catalogue.gpu_facts(model) == (arch, brand)

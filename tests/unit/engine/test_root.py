@@ -1,0 +1,71 @@
+"""Root: node paths read under a directory, links resolved as if it were /."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from engine.errors import DiscoveryError
+from engine.root import Root
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    lib = tmp_path / "usr/lib/x86_64-linux-gnu"
+    lib.mkdir(parents=True)
+    (lib / "libcuda.so.550.163.01").write_bytes(b"ELF")
+    os.symlink("libcuda.so.550.163.01", lib / "libcuda.so.1")
+    os.symlink("/usr/lib/x86_64-linux-gnu/libcuda.so.1", lib / "abs-link")
+    os.symlink("../../../../../../etc/shadow", lib / "climbing")
+    os.symlink("loop-b", lib / "loop-a")
+    os.symlink("loop-a", lib / "loop-b")
+    os.symlink("usr/lib", tmp_path / "lib")
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc/shadow").write_text("inside")
+    return tmp_path
+
+
+def test_relative_and_absolute_links_resolve_inside_the_root(tree: Path) -> None:
+    root = Root(str(tree))
+    real = "/usr/lib/x86_64-linux-gnu/libcuda.so.550.163.01"
+    assert root.resolve("/usr/lib/x86_64-linux-gnu/libcuda.so.1") == real
+    assert root.resolve("/usr/lib/x86_64-linux-gnu/abs-link") == real  # "/" means the root, not the host
+    assert root.resolve("/lib/x86_64-linux-gnu/libcuda.so.1") == real  # a linked folder
+    assert root.read_bytes("/lib/x86_64-linux-gnu/abs-link") == b"ELF"
+
+
+def test_dotdot_never_climbs_above_the_root(tree: Path) -> None:
+    root = Root(str(tree))
+    assert root.resolve("/usr/lib/x86_64-linux-gnu/climbing") == "/etc/shadow"
+    assert root.read_text("/usr/lib/x86_64-linux-gnu/climbing") == "inside"  # the tree's file, not the host's
+
+
+def test_link_loops_are_an_error_not_a_hang(tree: Path) -> None:
+    with pytest.raises(DiscoveryError, match="too many levels of symbolic links"):
+        Root(str(tree)).resolve("/usr/lib/x86_64-linux-gnu/loop-a")
+
+
+def test_missing_files(tree: Path) -> None:
+    root = Root(str(tree))
+    assert not root.exists("/nope") and root.stat("/nope") is None and root.listdir("/nope") == []
+    with pytest.raises(DiscoveryError, match="cannot read /nope"):
+        root.read_text("/nope")
+
+
+def test_host_path_joins_on_whole_components(tree: Path) -> None:
+    assert Root("/").host_path("/usr/bin/x") == "/usr/bin/x"
+    assert Root("/run/nvidia/driver").host_path("/usr/bin/x") == "/run/nvidia/driver/usr/bin/x"
+    assert Root("/run/nvidia/driver").host_path("../../etc") == "/run/nvidia/driver/etc"
+
+
+def test_read_limit(tree: Path) -> None:
+    (tree / "big").write_bytes(b"x" * 100)
+    with pytest.raises(DiscoveryError, match="larger than 10 bytes"):
+        Root(str(tree)).read_bytes("/big", limit=10)
+
+
+def test_relative_root_is_refused() -> None:
+    with pytest.raises(DiscoveryError, match="must be an absolute path"):
+        Root("relative/dir")
