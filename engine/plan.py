@@ -1,0 +1,129 @@
+"""(request, inventory, config) -> plan: exactly what one GPU container gets.  (pure)
+
+Theory of operation: everything that can fail is done first (GPU selection,
+requirements), so a refusal leaves nothing behind; the rest is a deterministic
+projection of the inventory through the requested capabilities:
+
+* devices: ``/dev/nvidiactl``, one ``/dev/nvidia<minor>`` per selected GPU (the
+  minor from procfs, never the index), the uvm pair with compute (and video,
+  which needs compute), ``nvidia-modeset`` with display;
+* mounts: every driver library, binary and IPC endpoint the capabilities need,
+  plus the GSP firmware, bound read-only (IPC read-write, so clients can
+  connect) ``nosuid,nodev`` at the same path in the container as on the node,
+  from the file under the driver root;
+* env: ``NVIDIA_VISIBLE_DEVICES`` (the selected UUIDs, or ``none``) and
+  ``NVIDIA_DRIVER_CAPABILITIES`` as granted;
+* container-start work: the bus ids that stay visible under
+  ``/proc/driver/nvidia/gpus``, the library symlinks (``libcuda.so.1`` ->
+  ``libcuda.so.<ver>``, ``libcuda.so`` -> ``libcuda.so.1``), and the folders for
+  the ld.so.conf.d entry.
+
+The same inputs always give the same plan, in the same order.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from engine import catalogue, requirements
+from engine.config import EngineConfig
+from engine.model import (
+    Capability,
+    DeviceKind,
+    DeviceNode,
+    DriverFile,
+    FileKind,
+    Gpu,
+    Inventory,
+    Library,
+    Mount,
+    Plan,
+    Symlink,
+)
+from engine.request import GpuRequest
+from engine.selection import select
+
+RO_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
+IPC_OPTIONS = ("nosuid", "nodev", "noexec", "rbind", "rprivate")
+
+_DEVICE_FOR_CAPABILITY = {
+    DeviceKind.UVM: frozenset({Capability.COMPUTE, Capability.VIDEO}),
+    DeviceKind.UVM_TOOLS: frozenset({Capability.COMPUTE, Capability.VIDEO}),
+    DeviceKind.MODESET: frozenset({Capability.DISPLAY}),
+}
+
+
+def plan(request: GpuRequest, inventory: Inventory, config: EngineConfig) -> Plan:
+    """The plan for ``request`` on this node.
+
+    Raises RequestError / UnknownDeviceError (selection) and RequirementError
+    (an unmet NVIDIA_REQUIRE_* condition) before building anything.
+    """
+    gpus = select(request, inventory)
+    notes: list[str] = []
+    if request.requirements and config.policy.require_checks:
+        facts = requirements.NodeFacts(cuda=inventory.cuda_version, driver=inventory.driver_version)
+        notes.extend(requirements.check(request.requirements, facts, gpus))
+    caps = request.capabilities
+    libraries = _libraries(inventory.libraries, caps)
+    files = tuple(f for f in inventory.files if not f.capabilities or f.capabilities & caps)
+    return Plan(
+        gpus=gpus,
+        capabilities=caps,
+        devices=_devices(gpus, inventory, caps),
+        mounts=_mounts(libraries, files, config.driver_root),
+        env=(
+            ("NVIDIA_VISIBLE_DEVICES", ",".join(g.uuid for g in gpus) or "none"),
+            ("NVIDIA_DRIVER_CAPABILITIES", ",".join(sorted(c.value for c in caps))),
+        ),
+        visible_bus_ids=tuple(sorted(g.bus_id for g in gpus)),
+        symlinks=_symlinks(libraries),
+        ldconfig_folders=tuple(sorted({lib.folder for lib in libraries})),
+        notes=tuple(notes),
+    )
+
+
+def _devices(gpus: tuple[Gpu, ...], inventory: Inventory, caps: frozenset[Capability]) -> tuple[DeviceNode, ...]:
+    controls = {node.kind: node for node in inventory.control_devices}
+    nodes: list[DeviceNode] = []
+    if DeviceKind.CONTROL in controls:
+        nodes.append(controls[DeviceKind.CONTROL])
+    if inventory.nvidia_major is not None:
+        nodes.extend(
+            DeviceNode(f"/dev/nvidia{g.minor}", inventory.nvidia_major, g.minor, kind=DeviceKind.GPU)
+            for g in sorted(gpus, key=lambda g: g.index)
+        )
+    for kind in (DeviceKind.UVM, DeviceKind.UVM_TOOLS, DeviceKind.MODESET):
+        if kind in controls and _DEVICE_FOR_CAPABILITY[kind] & caps:
+            nodes.append(controls[kind])
+    return tuple(nodes)
+
+
+def _libraries(libraries: tuple[Library, ...], caps: frozenset[Capability]) -> tuple[Library, ...]:
+    wanted = catalogue.wanted_library_capabilities(caps)
+    compat32 = Capability.COMPAT32 in caps
+    return tuple(lib for lib in libraries if lib.capabilities & wanted and (lib.is_64bit or compat32))
+
+
+def _mounts(libraries: tuple[Library, ...], files: tuple[DriverFile, ...], driver_root: str) -> tuple[Mount, ...]:
+    def host(node_path: str) -> str:
+        return node_path if driver_root == "/" else posixpath.join(driver_root, node_path.lstrip("/"))
+
+    mounts = {lib.path: Mount(host(lib.path), lib.path, RO_OPTIONS) for lib in libraries}
+    for f in files:
+        mounts.setdefault(f.path, Mount(host(f.source), f.path, IPC_OPTIONS if f.kind is FileKind.IPC else RO_OPTIONS))
+    # Parents before children, then by name: a stable order the runtime applies as is.
+    return tuple(sorted(mounts.values(), key=lambda m: (m.destination.count("/"), m.destination)))
+
+
+def _symlinks(libraries: tuple[Library, ...]) -> tuple[Symlink, ...]:
+    links: dict[str, Symlink] = {}
+    for lib in libraries:
+        stem = catalogue.library_stem(lib.soname)
+        if lib.soname != lib.basename:
+            path = posixpath.join(lib.folder, lib.soname)
+            links.setdefault(path, Symlink(path, lib.basename))
+        if stem is not None:
+            dev = posixpath.join(lib.folder, f"{stem}.so")
+            links.setdefault(dev, Symlink(dev, lib.soname))
+    return tuple(sorted(links.values(), key=lambda s: s.path))

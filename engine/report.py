@@ -1,0 +1,120 @@
+"""Inventories and plans as plain data (JSON) and as text for people.  (pure)
+
+The dictionaries are the stable, documented form: ``nri-gpu info --json`` and
+``nri-gpu plan --json`` print them, golden tests compare them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.model import Capability, DeviceNode, Gpu, Inventory, Plan
+
+
+def _gpu(g: Gpu) -> dict[str, Any]:
+    return {
+        "index": g.index,
+        "minor": g.minor,
+        "bus_id": g.bus_id,
+        "uuid": g.uuid,
+        "model": g.model,
+        "arch": g.arch,
+        "brand": g.brand,
+    }
+
+
+def _device(d: DeviceNode) -> dict[str, Any]:
+    return {"path": d.path, "type": d.type, "major": d.major, "minor": d.minor, "mode": f"{d.mode:04o}"}
+
+
+def capability_counts(inventory: Inventory) -> dict[str, int]:
+    counts = {cap.value: 0 for cap in Capability}
+    for lib in inventory.libraries:
+        if lib.is_64bit:
+            for cap in lib.capabilities:
+                counts[cap.value] += 1
+        else:
+            counts[Capability.COMPAT32.value] += 1
+    return counts
+
+
+def inventory_to_dict(inventory: Inventory) -> dict[str, Any]:
+    return {
+        "driver_version": inventory.driver_version,
+        "cuda_version": inventory.cuda_version,
+        "gpus": [_gpu(g) for g in inventory.gpus],
+        "control_devices": [_device(d) for d in inventory.control_devices],
+        "libraries": [
+            {
+                "soname": lib.soname,
+                "path": lib.path,
+                "bits": 64 if lib.is_64bit else 32,
+                "capabilities": sorted(c.value for c in lib.capabilities),
+            }
+            for lib in inventory.libraries
+        ],
+        "files": [
+            {
+                "path": f.path,
+                "source": f.source,
+                "kind": f.kind.value,
+                "capabilities": sorted(c.value for c in f.capabilities),
+            }
+            for f in inventory.files
+        ],
+        "libraries_per_capability": capability_counts(inventory),
+        "warnings": list(inventory.warnings),
+    }
+
+
+def inventory_text(inventory: Inventory) -> str:
+    if not inventory.has_driver:
+        return "No NVIDIA driver on this node: no GPUs.\n" + "".join(f"warning: {w}\n" for w in inventory.warnings)
+    lines = [
+        f"Driver {inventory.driver_version}, CUDA {inventory.cuda_version or 'unknown'}, {len(inventory.gpus)} GPU(s)",
+        "",
+    ]
+    rows = [("INDEX", "MINOR", "BUS ID", "UUID", "MODEL")]
+    rows += [(str(g.index), str(g.minor), g.bus_id, g.uuid, g.model) for g in inventory.gpus]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.append("")
+    counts = capability_counts(inventory)
+    lines.append("Libraries per capability: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    others = {kind: sum(1 for f in inventory.files if f.kind.value == kind) for kind in ("binary", "firmware", "ipc")}
+    lines.append("Other files: " + ", ".join(f"{k} {v}" for k, v in others.items()))
+    lines.append("Control devices: " + (", ".join(d.path for d in inventory.control_devices) or "none"))
+    lines += [f"warning: {w}" for w in inventory.warnings]
+    return "\n".join(lines) + "\n"
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    return {
+        "gpus": [{"index": g.index, "minor": g.minor, "bus_id": g.bus_id, "uuid": g.uuid} for g in plan.gpus],
+        "capabilities": sorted(c.value for c in plan.capabilities),
+        "devices": [_device(d) for d in plan.devices],
+        "mounts": [{"source": m.source, "destination": m.destination, "options": list(m.options)} for m in plan.mounts],
+        "env": [f"{k}={v}" for k, v in plan.env],
+        "start": {
+            "visible_bus_ids": list(plan.visible_bus_ids),
+            "symlinks": [{"path": s.path, "target": s.target} for s in plan.symlinks],
+            "ldconfig_folders": list(plan.ldconfig_folders),
+        },
+        "notes": list(plan.notes),
+    }
+
+
+def plan_text(plan: Plan) -> str:
+    gpus = ", ".join(f"{g.index} (minor {g.minor}, {g.bus_id})" for g in plan.gpus) or "none (driver only)"
+    lines = [f"GPUs: {gpus}", f"Capabilities: {', '.join(sorted(c.value for c in plan.capabilities))}", "Devices:"]
+    lines += [f"  {d.path}  {d.type} {d.major}:{d.minor}  {d.mode:04o}" for d in plan.devices]
+    lines.append(f"Mounts ({len(plan.mounts)}):")
+    lines += [f"  {m.destination}  <- {m.source}  ({','.join(m.options)})" for m in plan.mounts]
+    lines.append("Env:")
+    lines += [f"  {k}={v}" for k, v in plan.env]
+    lines.append("At container start:")
+    lines.append(f"  keep /proc/driver/nvidia/gpus/: {' '.join(plan.visible_bus_ids) or '(none)'}")
+    lines += [f"  link {s.path} -> {s.target}" for s in plan.symlinks]
+    lines.append(f"  ld.so.conf.d folders: {' '.join(plan.ldconfig_folders) or '(none)'}")
+    lines += [f"note: {n}" for n in plan.notes]
+    return "\n".join(lines) + "\n"

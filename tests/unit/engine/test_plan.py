@@ -1,0 +1,228 @@
+"""Planning on simulated nodes: exact edits per request, golden files per scenario.
+
+Golden files live in tests/golden/; ``NRI_GPU_UPDATE_GOLDEN=1`` rewrites them
+(review the diff before committing). Paths under the node are written as
+``<ROOT>`` so the files do not depend on where the test ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.config import EngineConfig, Policy
+from engine.discover import discover
+from engine.errors import EngineError, RequestError, RequirementError, UnknownDeviceError
+from engine.model import Capability, Inventory
+from engine.plan import plan
+from engine.report import inventory_to_dict, plan_to_dict
+from engine.request import ContainerInfo, parse_request
+from tests.testbed.gpunode import SimNode, build_node
+
+GOLDEN = Path(__file__).resolve().parents[2] / "golden"
+UPDATE = os.environ.get("NRI_GPU_UPDATE_GOLDEN") == "1"
+
+
+def cuda_12_4(path: str) -> tuple[str | None, str | None]:
+    return "12.4", None
+
+
+class Node:
+    def __init__(self, root: Path, **kw: Any) -> None:
+        self.sim: SimNode = build_node(root, **kw)
+        self.config = EngineConfig(
+            driver_root=str(self.sim.driver_root), dev_root=str(self.sim.dev_root), proc_root=str(self.sim.proc_root)
+        )
+        # The CUDA probe is tested in test_discover; fixed here so goldens are stable.
+        self.inventory: Inventory = discover(self.config, cuda_version=cuda_12_4)
+
+    def plan(self, env: dict[str, str] | None = None, annotations: dict[str, str] | None = None, **kw: Any) -> Any:
+        info = ContainerInfo(name=kw.pop("name", "main"), pod_annotations=annotations or {}, env=env or {}, **kw)
+        outcome = parse_request(info, self.config.policy)
+        assert outcome.request is not None, outcome
+        return plan(outcome.request, self.inventory, self.config)
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory: pytest.TempPathFactory) -> Node:
+    return Node(tmp_path_factory.mktemp("four"), gpus=4)
+
+
+def test_selected_gpus_get_their_minor_device_nodes(four: Node) -> None:
+    p = four.plan(annotations={"nvidia.com/gpus": "0,1"})
+    by_index = {g.index: g for g in four.inventory.gpus}
+    assert [g.index for g in p.gpus] == [0, 1]
+    gpu_nodes = [d for d in p.devices if d.path.startswith("/dev/nvidia") and d.path[11:].isdigit()]
+    assert [(d.path, d.major, d.minor) for d in gpu_nodes] == [
+        (f"/dev/nvidia{by_index[i].minor}", 195, by_index[i].minor) for i in (0, 1)
+    ]
+    assert by_index[0].minor != 0, "the scenario must have minors out of bus order"
+    paths = [d.path for d in p.devices]
+    assert paths[0] == "/dev/nvidiactl"
+    assert "/dev/nvidia-uvm" in paths and "/dev/nvidia-uvm-tools" in paths  # compute is a default capability
+    assert "/dev/nvidia-modeset" not in paths
+    assert p.visible_bus_ids == tuple(sorted(by_index[i].bus_id for i in (0, 1)))
+    assert dict(p.env)["NVIDIA_VISIBLE_DEVICES"] == f"{by_index[0].uuid},{by_index[1].uuid}"
+
+
+def test_mounts_are_read_only_at_the_node_path_from_the_driver_root(four: Node) -> None:
+    p = four.plan(annotations={"nvidia.com/gpus": "0"})
+    root = str(four.sim.driver_root)
+    cuda = next(m for m in p.mounts if m.destination.endswith("/libcuda.so.550.163.01"))
+    assert cuda.source == root + cuda.destination
+    for m in p.mounts:
+        assert {"ro", "nosuid", "nodev"} <= set(m.options), m
+        assert m.source.startswith(root + "/")
+    destinations = [m.destination for m in p.mounts]
+    assert len(destinations) == len(set(destinations))
+
+
+def test_capabilities_decide_which_files(four: Node) -> None:
+    utility = four.plan(env={"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "utility"})
+    names = {m.destination.rsplit("/", 1)[1] for m in utility.mounts}
+    assert "libnvidia-ml.so.550.163.01" in names and "nvidia-smi" in names
+    assert "libcuda.so.550.163.01" not in names
+    assert not any(d.path.startswith("/dev/nvidia-uvm") for d in utility.devices)
+
+    display = four.plan(env={"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "display"})
+    assert any(d.path == "/dev/nvidia-modeset" for d in display.devices)
+
+    compat = four.plan(env={"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute,compat32"})
+    compat_default = four.plan(env={"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute"})
+    has_32 = any(not lib.is_64bit for lib in four.inventory.libraries)
+    assert (len(compat.mounts) > len(compat_default.mounts)) == has_32
+    if has_32:
+        assert "/usr/lib/i386-linux-gnu" in compat.ldconfig_folders
+
+
+def test_symlinks_chain_dev_name_to_soname_to_file(four: Node) -> None:
+    p = four.plan(annotations={"nvidia.com/gpus": "0"})
+    links = {s.path: s.target for s in p.symlinks}
+    folder = "/usr/lib/x86_64-linux-gnu"
+    assert links[f"{folder}/libcuda.so.1"] == "libcuda.so.550.163.01"
+    assert links[f"{folder}/libcuda.so"] == "libcuda.so.1"
+    assert links[f"{folder}/libnvidia-ml.so.1"] == "libnvidia-ml.so.550.163.01"
+    assert folder in p.ldconfig_folders
+
+
+def test_none_gives_driver_files_but_no_gpu(four: Node) -> None:
+    p = four.plan(env={"NVIDIA_VISIBLE_DEVICES": "none"})
+    assert p.gpus == () and p.visible_bus_ids == ()
+    assert [d.path for d in p.devices if d.path[11:].isdigit()] == []
+    assert "/dev/nvidiactl" in [d.path for d in p.devices]
+    assert p.mounts and dict(p.env)["NVIDIA_VISIBLE_DEVICES"] == "none"
+
+
+@pytest.mark.parametrize(
+    ("env", "annotations", "error", "message"),
+    [
+        ({}, {"nvidia.com/gpus": "7"}, UnknownDeviceError, "GPU 7 does not exist; this node has 4 GPUs (indexes 0-3)"),
+        ({}, {"nvidia.com/gpus": "0,9"}, UnknownDeviceError, "GPU 9 does not exist"),
+        (
+            {"NVIDIA_VISIBLE_DEVICES": "GPU-00000000-0000-0000-0000-000000000000"},
+            {},
+            UnknownDeviceError,
+            "no GPU with UUID GPU-00000000-0000-0000-0000-000000000000",
+        ),
+        ({"NVIDIA_VISIBLE_DEVICES": "0000:ff:00.0"}, {}, UnknownDeviceError, "no GPU at PCI bus id 0000:ff:00.0"),
+        ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=12.8"}, {}, RequirementError, "cuda>=12.8"),
+        ({"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_DRIVER": "driver>=560"}, {}, RequirementError, "driver>=560"),
+    ],
+    ids=["index-out-of-range", "one-bad-of-two", "unknown-uuid", "unknown-bus-id", "cuda-too-new", "driver-too-old"],
+)
+def test_refusals_name_the_bad_value_and_plan_nothing(
+    four: Node, env: dict[str, str], annotations: dict[str, str], error: type[EngineError], message: str
+) -> None:
+    with pytest.raises(error) as exc:
+        four.plan(env=env, annotations=annotations)
+    assert message in str(exc.value)
+
+
+def test_gpu_by_uuid_any_case_and_by_bus_id(four: Node) -> None:
+    g = four.inventory.gpus[2]
+    assert four.plan(env={"NVIDIA_VISIBLE_DEVICES": g.uuid.upper().replace("GPU-", "gpu-")}).gpus == (g,)
+    assert four.plan(env={"NVIDIA_VISIBLE_DEVICES": g.bus_id}).gpus == (g,)
+    assert four.plan(env={"NVIDIA_VISIBLE_DEVICES": "00000000" + g.bus_id[4:]}).gpus == (g,)
+
+
+def test_met_requirement_passes(four: Node) -> None:
+    p = four.plan(env={"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=12.0 brand=tesla,driver>=470"})
+    assert len(p.gpus) == 1
+
+
+def test_a_node_without_driver_refuses_gpu_requests(tmp_path: Path) -> None:
+    node = Node(tmp_path, driver=False)
+    with pytest.raises(RequestError, match="this node has no NVIDIA driver"):
+        node.plan(annotations={"nvidia.com/gpus": "0"})
+
+
+def test_planning_is_deterministic(four: Node) -> None:
+    a = plan_to_dict(four.plan(env={"NVIDIA_VISIBLE_DEVICES": "3,1", "NVIDIA_DRIVER_CAPABILITIES": "all"}))
+    b = plan_to_dict(four.plan(env={"NVIDIA_VISIBLE_DEVICES": "3,1", "NVIDIA_DRIVER_CAPABILITIES": "all"}))
+    assert json.dumps(a) == json.dumps(b)
+
+
+def test_capability_bound_caps_the_plan(tmp_path: Path) -> None:
+    node = Node(tmp_path, gpus=1)
+    policy = Policy(capabilities=frozenset({Capability.UTILITY}))
+    info = ContainerInfo(name="main", env={"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "all"})
+    outcome = parse_request(info, policy)
+    assert outcome.request is not None
+    assert outcome.request.capabilities == frozenset({Capability.UTILITY})
+    p = plan(outcome.request, node.inventory, node.config)
+    assert not any("libcuda" in m.destination for m in p.mounts)
+
+
+# -- golden files ---------------------------------------------------------------
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "1-gpu": {"gpus": 1},
+    "4-gpu": {"gpus": 4},
+    "8-gpu": {"gpus": 8},
+    "gpu-operator": {"gpus": 2, "driver_subdir": "run/nvidia/driver"},
+    "no-driver": {"driver": False},
+}
+
+REQUESTS: dict[str, dict[str, Any]] = {
+    "annotation-0,1": {"annotations": {"nvidia.com/gpus": "0,1"}},
+    "env-all-all-caps": {"env": {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "all"}},
+    "env-last-utility": {"env": {"NVIDIA_VISIBLE_DEVICES": "LAST", "NVIDIA_DRIVER_CAPABILITIES": "utility"}},
+    "env-none": {"env": {"NVIDIA_VISIBLE_DEVICES": "none"}},
+    "container-annotation-wins": {
+        "annotations": {"nvidia.com/gpus": "0", "nvidia.com/gpus.container.main": "LAST"},
+    },
+}
+
+
+def _normalize(value: Any, node: SimNode) -> Any:
+    text = json.dumps(value, indent=2, sort_keys=True)
+    return json.loads(text.replace(str(node.root), "<ROOT>"))
+
+
+def _scenario_result(node: Node) -> dict[str, Any]:
+    last = str(max(len(node.inventory.gpus) - 1, 0))
+    result: dict[str, Any] = {"inventory": inventory_to_dict(node.inventory), "plans": {}}
+    for name, request in REQUESTS.items():
+        request = json.loads(json.dumps(request).replace("LAST", last))
+        try:
+            result["plans"][name] = plan_to_dict(node.plan(**request))
+        except EngineError as exc:
+            result["plans"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return _normalize(result, node.sim)
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_golden(scenario: str, tmp_path: Path) -> None:
+    node = Node(tmp_path / "node", **SCENARIOS[scenario])
+    result = _scenario_result(node)
+    path = GOLDEN / f"plan-{scenario}.json"
+    if UPDATE or not path.exists():
+        if not UPDATE:
+            pytest.fail(f"{path} is missing; run with NRI_GPU_UPDATE_GOLDEN=1 to create it, then review it")
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    assert result == json.loads(path.read_text())
