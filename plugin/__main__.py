@@ -1,9 +1,15 @@
-"""``nri-gpu``: the command line. The only module that reads argv and the environment."""
+"""``nri-gpu``: the command line. The only module that reads argv and the environment.
+
+Commands: ``run`` (the NRI plugin), ``info`` (what discovery finds on this node),
+``plan`` (what a container with the given env and pod annotations would get).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import json
 import logging
 import os
 import signal
@@ -12,12 +18,27 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from plugin.config import DEFAULT_INDEX, DEFAULT_NAME, DEFAULT_SOCKET, ConfigError, PluginConfig, from_toml
+from engine.config import EngineConfig
+from engine.discover import discover
+from engine.errors import EngineError
+from engine.plan import plan
+from engine.report import inventory_text, inventory_to_dict, plan_text, plan_to_dict
+from engine.request import ContainerInfo, parse_request
+from plugin.config import DEFAULT_INDEX, DEFAULT_NAME, DEFAULT_SOCKET, ConfigError, PluginConfig, Settings, from_toml
 from plugin.errors import RegistrationError
 from plugin.handlers import GpuPlugin
 from plugin.stub import Stub
 
 logger = logging.getLogger("nri-gpu")
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", type=Path, help="TOML config file; flags override it")
+    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default info")
+    roots = parser.add_argument_group("node roots")
+    roots.add_argument("--driver-root", metavar="DIR", help="where the driver's files live (default /)")
+    roots.add_argument("--dev-root", metavar="DIR", help="under which dev/nvidia* are found (default /)")
+    roots.add_argument("--proc-root", metavar="DIR", help="the procfs to read (default /proc)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,24 +50,50 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--index", metavar="NN", help=f"two-digit plugin index, the order among plugins (default {DEFAULT_INDEX})"
     )
-    run.add_argument("--config", metavar="FILE", type=Path, help="TOML config file; flags override it")
-    run.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default info")
+    _add_common(run)
+
+    info = commands.add_parser("info", help="show the node's GPUs, driver and libraries as discovery sees them")
+    info.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_common(info)
+
+    plan_cmd = commands.add_parser("plan", help="show what a container would get (exit 1 with the reason if refused)")
+    plan_cmd.add_argument("--env", metavar="K=V", action="append", default=[], help="container env (repeatable)")
+    plan_cmd.add_argument(
+        "--annotation", metavar="K=V", action="append", default=[], help="pod annotation (repeatable)"
+    )
+    plan_cmd.add_argument("--container-name", default="main", help="container name (default main)")
+    plan_cmd.add_argument("--namespace", default="default", help="pod namespace (default default)")
+    plan_cmd.add_argument("--privileged", action="store_true", help="the container is privileged")
+    plan_cmd.add_argument("--json", action="store_true", help="print JSON instead of text")
+    _add_common(plan_cmd)
     return parser
 
 
-def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> PluginConfig:
+def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
     """Defaults < config file < flags < what the runtime passes a plugin it launched."""
-    config = PluginConfig()
+    settings = Settings()
     if args.config is not None:
         try:
             text = args.config.read_text()
         except OSError as exc:
             raise ConfigError(f"--config {args.config}: {exc.strerror}") from exc
-        config = from_toml(text, source=str(args.config))
-    config = config.with_overrides(socket=args.socket, name=args.name, index=args.index, log_level=args.log_level)
+        settings = from_toml(text, source=str(args.config))
+    plugin = settings.plugin.with_overrides(
+        socket=getattr(args, "socket", None),
+        name=getattr(args, "name", None),
+        index=getattr(args, "index", None),
+        log_level=args.log_level,
+    )
     # A runtime-launched plugin is named by its file name (NN-name); the runtime
     # ignores what we would register with, so use the same to avoid confusion.
-    return config.with_overrides(name=environ.get("NRI_PLUGIN_NAME"), index=environ.get("NRI_PLUGIN_IDX"))
+    plugin = plugin.with_overrides(name=environ.get("NRI_PLUGIN_NAME"), index=environ.get("NRI_PLUGIN_IDX"))
+    try:
+        engine = settings.engine.with_roots(
+            driver_root=args.driver_root, dev_root=args.dev_root, proc_root=args.proc_root
+        )
+    except EngineError as exc:
+        raise ConfigError(str(exc).replace("engine.", "--").replace("_root", "-root")) from exc
+    return Settings(plugin, engine)
 
 
 def preconnected_socket(environ: Mapping[str, str]) -> socket.socket | None:
@@ -70,6 +117,52 @@ async def _run(config: PluginConfig, sock: socket.socket | None) -> None:
     logger.info("nri-gpu stopped")
 
 
+def _pairs(values: Sequence[str], flag: str) -> dict[str, str]:
+    pairs = {}
+    for value in values:
+        key, sep, val = value.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{flag} {value!r}: expected KEY=VALUE")
+        pairs[key] = val
+    return pairs
+
+
+def _info(args: argparse.Namespace, engine: EngineConfig) -> int:
+    inventory = discover(engine)
+    if args.json:
+        print(json.dumps(inventory_to_dict(inventory), indent=2))
+    else:
+        sys.stdout.write(inventory_text(inventory))
+    return 0
+
+
+def _plan(args: argparse.Namespace, engine: EngineConfig) -> int:
+    info = ContainerInfo(
+        name=args.container_name,
+        pod_namespace=args.namespace,
+        pod_annotations=_pairs(args.annotation, "--annotation"),
+        env=_pairs(args.env, "--env"),
+        privileged=args.privileged,
+    )
+    try:
+        outcome = parse_request(info, engine.policy)
+        for note in outcome.notes:
+            print(f"note: {note}", file=sys.stderr)
+        if outcome.request is None:
+            print(json.dumps(None) if args.json else "No GPU request: the container gets nothing.")
+            return 0
+        result = plan(outcome.request, discover(engine), engine)
+    except EngineError as exc:
+        print(f"nri-gpu: refused: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(plan_to_dict(result), indent=2))
+    else:
+        print(f"Request from {outcome.request.source}")
+        sys.stdout.write(plan_text(result))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     environ = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)
@@ -80,16 +173,27 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         # Launched by the runtime from its plugin directory: no arguments at all.
         args = build_parser().parse_args(["run"])
     try:
-        config = load_config(args, environ)
-        sock = preconnected_socket(environ)
+        settings = load_config(args, environ)
+        sock = preconnected_socket(environ) if args.command == "run" else None
     except ConfigError as exc:
         print(f"nri-gpu: {exc}", file=sys.stderr)
         return 2
+    default_level = settings.plugin.logging_level if args.command == "run" else logging.ERROR
     logging.basicConfig(
-        level=config.logging_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+        level=logging.getLevelName(args.log_level.upper()) if args.log_level else default_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
     )
+    if args.command == "info":
+        return _info(args, settings.engine)
+    if args.command == "plan":
+        try:
+            return _plan(args, settings.engine)
+        except ConfigError as exc:
+            print(f"nri-gpu: {exc}", file=sys.stderr)
+            return 2
     try:
-        asyncio.run(_run(config, sock))
+        asyncio.run(_run(dataclasses.replace(settings.plugin), sock))
     except RegistrationError as exc:
         logger.error("%s", exc)
         return 1

@@ -18,6 +18,8 @@ from typing import Any
 import tomlkit
 import tomlkit.exceptions
 
+from engine.config import EngineConfig, EngineConfigError, from_tables
+
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 DEFAULT_NAME = "nri-gpu"
 DEFAULT_INDEX = "10"
@@ -90,12 +92,20 @@ def from_mapping(table: Mapping[str, Any]) -> PluginConfig:
     return PluginConfig(**values)
 
 
-# Top-level tables of the config file. Only the plugin's own so far.
-_TABLES = ("plugin",)
+# Top-level tables of the config file: the plugin's, and the engine's roots and policy.
+_TABLES = ("plugin", "engine", "policy")
 
 
-def from_toml(text: str, *, source: str = "config") -> PluginConfig:
-    """Parse a config file; unknown tables are rejected by name."""
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Everything the config file sets."""
+
+    plugin: PluginConfig = dataclasses.field(default_factory=PluginConfig)
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+
+
+def from_toml(text: str, *, source: str = "config") -> Settings:
+    """Parse a config file; unknown tables and keys are rejected by name."""
     try:
         doc = tomlkit.parse(text).unwrap()
     except tomlkit.exceptions.ParseError as exc:
@@ -103,7 +113,14 @@ def from_toml(text: str, *, source: str = "config") -> PluginConfig:
     for key in doc:
         if key not in _TABLES:
             raise ConfigError(f"{source}: unknown table or key {key!r} (known: {', '.join(_TABLES)})")
-    table = doc.get("plugin", {})
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"{source}: 'plugin' must be a table")
-    return from_mapping(table)
+    tables = {}
+    for name in _TABLES:
+        table = doc.get(name, {})
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{source}: {name!r} must be a table")
+        tables[name] = table
+    try:
+        engine = from_tables(tables["engine"], tables["policy"])
+    except EngineConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from exc
+    return Settings(from_mapping(tables["plugin"]), engine)

@@ -32,17 +32,52 @@ def test_bad_config_names_the_key(text: str, message: str) -> None:
 
 
 def test_integer_index_is_padded() -> None:
-    assert from_toml("[plugin]\nindex = 5").index == "05"
+    assert from_toml("[plugin]\nindex = 5").plugin.index == "05"
 
 
 def test_flags_override_the_file_and_the_runtime_env_overrides_both(tmp_path: Path) -> None:
     path = tmp_path / "config.toml"
     path.write_text('[plugin]\nname = "from-file"\nindex = "20"\nsocket = "/file.sock"\n')
     args = build_parser().parse_args(["run", "--config", str(path), "--index", "30"])
-    config = load_config(args, {})
+    config = load_config(args, {}).plugin
     assert (config.name, config.index, config.socket) == ("from-file", "30", "/file.sock")
-    launched = load_config(args, {"NRI_PLUGIN_NAME": "gpu", "NRI_PLUGIN_IDX": "05", "NRI_PLUGIN_SOCKET": "3"})
+    launched = load_config(args, {"NRI_PLUGIN_NAME": "gpu", "NRI_PLUGIN_IDX": "05", "NRI_PLUGIN_SOCKET": "3"}).plugin
     assert (launched.name, launched.index) == ("gpu", "05")
+
+
+def test_engine_roots_and_policy_come_from_the_file_and_flags_win(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(
+        '[engine]\ndriver_root = "/run/nvidia/driver"\nproc_root = "/host/proc"\n'
+        '[policy]\naccept_env_unprivileged = false\nannotation_namespaces = ["ml"]\ncapabilities = ["compute", "utility"]\n'
+    )
+    args = build_parser().parse_args(["info", "--config", str(path), "--proc-root", "/sim/proc"])
+    engine = load_config(args, {}).engine
+    assert (engine.driver_root, engine.dev_root, engine.proc_root) == ("/run/nvidia/driver", "/", "/sim/proc")
+    assert engine.policy.accept_env_unprivileged is False
+    assert engine.policy.annotation_namespaces == ("ml",)
+    assert sorted(c.value for c in engine.policy.capabilities) == ["compute", "utility"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[engine]\ndriver_rot = "/x"', "engine.driver_rot: unknown setting"),
+        ('[engine]\ndriver_root = "relative"', "engine.driver_root: 'relative' must be an absolute path"),
+        ("[policy]\nrequire_checks = 1", "policy.require_checks: expected true or false, got 1"),
+        ('[policy]\ncapabilities = ["compute", "gpu"]', "policy.capabilities: unknown capability 'gpu'"),
+        ('[policy]\nannotation_namespaces = "ml"', "policy.annotation_namespaces: expected a list"),
+    ],
+)
+def test_bad_engine_settings_name_the_key(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        from_toml(text)
+
+
+def test_relative_root_flag_is_refused() -> None:
+    args = build_parser().parse_args(["info", "--driver-root", "sim"])
+    with pytest.raises(ConfigError, match=re.escape("--driver-root: 'sim' must be an absolute path")):
+        load_config(args, {})
 
 
 def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:

@@ -1,0 +1,80 @@
+"""``nri-gpu info`` and ``nri-gpu plan`` on simulated nodes, as an operator runs them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from plugin.__main__ import main
+from tests.testbed.gpunode import SimNode, build_node
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
+    return build_node(tmp_path_factory.mktemp("cli-node"), gpus=4)
+
+
+def test_info_table_lists_gpus_in_bus_order_with_their_minors(
+    node: SimNode, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["info", *node.flags()], {}) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Driver 550.163.01, CUDA 12.4, 4 GPU(s)")
+    rows = [line.split() for line in out.splitlines() if line[:1].isdigit()]
+    assert [(int(r[0]), int(r[1]), r[2], r[3]) for r in rows] == [
+        (g.index, g.minor, g.bus_id, g.uuid) for g in node.gpus
+    ]
+    assert "Libraries per capability: compute" in out
+
+
+def test_info_json(node: SimNode, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", "--json", *node.flags()], {}) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["driver_version"] == "550.163.01" and len(data["gpus"]) == 4
+    assert data["libraries_per_capability"]["utility"] >= 2
+
+
+def test_info_on_a_node_without_driver(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bare = build_node(tmp_path, driver=False)
+    assert main(["info", *bare.flags()], {}) == 0
+    assert capsys.readouterr().out.startswith("No NVIDIA driver on this node: no GPUs.")
+
+
+def test_plan_prints_the_edits(node: SimNode, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["plan", *node.flags(), "--annotation", "nvidia.com/gpus=1", "--json"], {})
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    gpu1 = node.gpus[1]
+    assert [g["uuid"] for g in data["gpus"]] == [gpu1.uuid]
+    assert f"/dev/nvidia{gpu1.minor}" in [d["path"] for d in data["devices"]]
+    assert data["start"]["visible_bus_ids"] == [gpu1.bus_id]
+
+
+def test_plan_for_a_container_that_asks_for_nothing(node: SimNode, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *node.flags(), "--env", "PATH=/bin"], {}) == 0
+    assert "the container gets nothing" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--annotation", "nvidia.com/gpus=7"], "GPU 7 does not exist; this node has 4 GPUs"),
+        (["--env", "NVIDIA_VISIBLE_DEVICES=0,,1"], '"0,,1"'),
+        (["--env", "NVIDIA_VISIBLE_DEVICES=0", "--env", "NVIDIA_DRIVER_CAPABILITIES=compute,gpu"], '"gpu"'),
+        (["--env", "NVIDIA_VISIBLE_DEVICES=0", "--env", "NVIDIA_REQUIRE_CUDA=cuda>=13.0"], "cuda>=13.0"),
+    ],
+    ids=["gpu-7-of-4", "malformed-list", "unknown-capability", "unmet-requirement"],
+)
+def test_plan_refusals_exit_1_naming_the_value(
+    node: SimNode, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    assert main(["plan", *node.flags(), *args], {}) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("nri-gpu: refused:") and message in err
+
+
+def test_plan_bad_flag_syntax(node: SimNode, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", *node.flags(), "--env", "NOEQUALS"], {}) == 2
+    assert "--env 'NOEQUALS': expected KEY=VALUE" in capsys.readouterr().err
