@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import logging
 import os
@@ -24,7 +23,7 @@ from engine.errors import EngineError
 from engine.plan import plan
 from engine.report import inventory_text, inventory_to_dict, plan_text, plan_to_dict
 from engine.request import ContainerInfo, parse_request
-from plugin.config import DEFAULT_INDEX, DEFAULT_NAME, DEFAULT_SOCKET, ConfigError, PluginConfig, Settings, from_toml
+from plugin.config import DEFAULT_INDEX, DEFAULT_NAME, DEFAULT_SOCKET, ConfigError, Settings, from_toml
 from plugin.errors import RegistrationError
 from plugin.handlers import GpuPlugin
 from plugin.stub import Stub
@@ -106,8 +105,11 @@ def preconnected_socket(environ: Mapping[str, str]) -> socket.socket | None:
         raise ConfigError(f"NRI_PLUGIN_SOCKET={fd!r} is not a usable socket descriptor: {exc}") from exc
 
 
-async def _run(config: PluginConfig, sock: socket.socket | None) -> None:
-    stub = Stub(GpuPlugin(), config, preconnected=sock)
+async def _run(settings: Settings, sock: socket.socket | None) -> None:
+    config = settings.plugin
+    # Discovery once, before connecting: the first request must not pay for it.
+    plugin = GpuPlugin(settings.engine)
+    stub = Stub(plugin, config, preconnected=sock)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stub.stop)
@@ -193,7 +195,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             print(f"nri-gpu: {exc}", file=sys.stderr)
             return 2
     try:
-        asyncio.run(_run(dataclasses.replace(settings.plugin), sock))
+        asyncio.run(_run(settings, sock))
     except RegistrationError as exc:
         logger.error("%s", exc)
         return 1

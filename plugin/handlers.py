@@ -1,40 +1,82 @@
-"""The nri-gpu plugin's event handlers: glue between NRI messages and the engine.
+"""nri-gpu's event handlers: glue between NRI messages and the engine.
 
-Until the engine lands (request parsing, discovery, planning), the plugin does
-the one thing the protocol layer needs proven end to end: a container whose pod
-asks for GPUs with the ``nvidia.com/gpus`` annotation (or the container-scoped
-``nvidia.com/gpus.container.<name>``) gets ``NVIDIA_VISIBLE_DEVICES`` set to the
-request; every other container gets an empty adjustment, at the cost of two
-dictionary lookups.
+CreateContainer: request -> plan -> adjustment (devices, read-only mounts, env,
+an annotation). StartContainer: the part a spec edit cannot do, in the
+container's mount namespace (see ``engine.start``). A container that asks for
+nothing is turned away by ``may_request`` before any work; an engine refusal
+becomes a PluginError whose message the runtime shows in the failed CRI call.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Awaitable, Callable
 
+from engine.config import EngineConfig
+from engine.discover import InventoryCache
+from engine.errors import EngineError
+from engine.model import Plan
+from engine.plan import plan as make_plan
+from engine.request import parse_request
 from plugin._proto import nri_pb2 as api
+from plugin.adjustment import to_adjustment
+from plugin.errors import PluginError
+from plugin.request import container_info, describe, may_request
 
 logger = logging.getLogger(__name__)
 
-POD_ANNOTATION = "nvidia.com/gpus"
-CONTAINER_ANNOTATION_PREFIX = "nvidia.com/gpus.container."
-
-
-def requested_gpus(pod: api.PodSandbox, container: api.Container) -> str | None:
-    """The GPU request of ``container``: the container-scoped annotation wins over the pod's."""
-    annotations = pod.annotations
-    scoped = annotations.get(CONTAINER_ANNOTATION_PREFIX + container.name)
-    if scoped is not None:
-        return scoped
-    return annotations.get(POD_ANNOTATION)
+StartHook = Callable[[api.PodSandbox, api.Container, Plan], Awaitable[None]]
 
 
 class GpuPlugin:
     """Event handlers of nri-gpu; the stub subscribes to exactly the methods defined here."""
 
+    def __init__(self, config: EngineConfig, inventory: InventoryCache | None = None) -> None:
+        self._config = config
+        self._inventory = inventory if inventory is not None else InventoryCache(config)
+        # Plans made at CreateContainer, used at StartContainer; a miss (the plugin
+        # restarted in between) is planned again from the same inputs.
+        self._pending: dict[str, Plan] = {}
+
+    def _plan(self, pod: api.PodSandbox, container: api.Container) -> Plan | None:
+        try:
+            outcome = parse_request(container_info(pod, container), self._config.policy)
+            for note in outcome.notes:
+                logger.info("%s: %s", describe(pod, container), note)
+            if outcome.request is None:
+                return None
+            result = make_plan(outcome.request, self._inventory.get(), self._config)
+        except EngineError as exc:
+            raise PluginError(str(exc)) from exc
+        for note in result.notes:
+            logger.info("%s: %s", describe(pod, container), note)
+        return result
+
     async def create_container(self, pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjustment | None:
-        request = requested_gpus(pod, container)
-        if request is None:
+        if not may_request(pod, container, self._config.policy):
             return None
-        logger.info('pod "%s/%s" container "%s": GPUs %r requested', pod.namespace, pod.name, container.name, request)
-        return api.ContainerAdjustment(env=[api.KeyValue(key="NVIDIA_VISIBLE_DEVICES", value=request)])
+        began = time.perf_counter()
+        try:
+            plan = self._plan(pod, container)
+        except PluginError as exc:
+            logger.warning("%s: refused: %s", describe(pod, container), exc)
+            raise
+        if plan is None:
+            return None
+        adjustment = to_adjustment(plan, container)
+        self._pending[container.id] = plan
+        gpus = ",".join(str(g.index) for g in plan.gpus) or "none"
+        logger.info(
+            "%s: GPUs %s, capabilities %s, %d devices, %d mounts (%.2f ms)",
+            describe(pod, container),
+            gpus,
+            ",".join(sorted(c.value for c in plan.capabilities)),
+            len(adjustment.linux.devices),
+            len(adjustment.mounts),
+            (time.perf_counter() - began) * 1000,
+        )
+        return adjustment
+
+    async def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None:
+        self._pending.pop(container.id, None)

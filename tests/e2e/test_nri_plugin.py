@@ -18,11 +18,17 @@ import pytest
 from plugin._proto import nri_pb2 as api
 from plugin.errors import PluginError
 from tests.testbed.cri import CriClient, CriError
+from tests.testbed.gpunode import SimNode, build_node
 from tests.testbed.plugins import ROOT, NriGpuProcess, PluginThread, wait_until
 
 from .conftest import Testbed
 
 LONG_RUNNING = ["sh", "-c", "sleep 3600"]
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
+    return build_node(tmp_path_factory.mktemp("node"), gpus=4)
 
 
 class EnvPlugin:
@@ -119,7 +125,7 @@ def _normalized_spec(cri: CriClient, pod: str, cid: str) -> dict[str, Any]:
 
 
 def test_nri_gpu_run_serves_gpu_requests_and_leaves_other_pods_alone(
-    testbed: Testbed, cri: CriClient, tmp_path: Path
+    testbed: Testbed, cri: CriClient, tmp_path: Path, node: SimNode
 ) -> None:
     # Reference: the spec of a plain container without any plugin.
     pod = cri.run_pod("plain")
@@ -127,7 +133,7 @@ def test_nri_gpu_run_serves_gpu_requests_and_leaves_other_pods_alone(
     without = _normalized_spec(cri, pod, cid)
     cri.remove_all()
 
-    proc = NriGpuProcess(testbed.containerd.nri_socket, tmp_path / "nri-gpu.log").start()
+    proc = NriGpuProcess(testbed.containerd.nri_socket, tmp_path / "nri-gpu.log", *node.flags()).start()
     try:
         assert "registered with containerd" in proc.log()
 
@@ -139,27 +145,30 @@ def test_nri_gpu_run_serves_gpu_requests_and_leaves_other_pods_alone(
         gpu_pod = cri.run_pod("gpu", annotations={"nvidia.com/gpus": "0,1", "nvidia.com/gpus.container.second": "2"})
         first = cri.run_container(gpu_pod, "first", LONG_RUNNING)
         second = cri.run_container(gpu_pod, "second", LONG_RUNNING)
-        assert env_of(cri, first)["NVIDIA_VISIBLE_DEVICES"] == "0,1"
-        assert env_of(cri, second)["NVIDIA_VISIBLE_DEVICES"] == "2"  # container-scoped wins
+        uuids = [g.uuid for g in node.gpus]
+        assert env_of(cri, first)["NVIDIA_VISIBLE_DEVICES"] == f"{uuids[0]},{uuids[1]}"
+        assert env_of(cri, second)["NVIDIA_VISIBLE_DEVICES"] == uuids[2]  # container-scoped wins
     finally:
         code = proc.stop()
     assert code == 0, proc.log()
     assert "nri-gpu stopped" in proc.log()
 
 
-def test_nri_gpu_run_reconnects_after_containerd_restart(testbed: Testbed, cri: CriClient, tmp_path: Path) -> None:
-    proc = NriGpuProcess(testbed.containerd.nri_socket, tmp_path / "nri-gpu.log").start()
+def test_nri_gpu_run_reconnects_after_containerd_restart(
+    testbed: Testbed, cri: CriClient, tmp_path: Path, node: SimNode
+) -> None:
+    proc = NriGpuProcess(testbed.containerd.nri_socket, tmp_path / "nri-gpu.log", *node.flags()).start()
     try:
         testbed.containerd.restart()
         proc.wait_for_log("registered with", count=2)
         pod = cri.run_pod("gpu", annotations={"nvidia.com/gpus": "all"})
         cid = cri.run_container(pod, "main", LONG_RUNNING)
-        assert env_of(cri, cid)["NVIDIA_VISIBLE_DEVICES"] == "all"
+        assert env_of(cri, cid)["NVIDIA_VISIBLE_DEVICES"] == ",".join(g.uuid for g in node.gpus)
     finally:
         assert proc.stop() == 0, proc.log()
 
 
-def test_runtime_launched_plugin_from_the_plugin_directory(testbed_factory: Any, testbed: Testbed) -> None:
+def test_runtime_launched_plugin_from_the_plugin_directory(testbed_factory: Any, testbed: Testbed, node: SimNode) -> None:
     """containerd starts ``NN-name`` executables itself with a pre-connected socket."""
     log = testbed.workdir / "launched-nri-gpu.log"
 
@@ -168,7 +177,8 @@ def test_runtime_launched_plugin_from_the_plugin_directory(testbed_factory: Any,
         # it an empty environment and no stdout, so the wrapper names the interpreter
         # and sends the log to a file.
         wrapper = Path(ctrd.nri_plugin_dir) / "10-nri-gpu"
-        wrapper.write_text(f"#!/bin/sh\ncd {ROOT}\nexec {sys.executable} -m plugin >>{log} 2>&1\n")
+        flags = " ".join(node.flags())
+        wrapper.write_text(f"#!/bin/sh\ncd {ROOT}\nexec {sys.executable} -m plugin run {flags} >>{log} 2>&1\n")
         wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
     bed = testbed_factory(testbed.version, setup=install)
@@ -176,4 +186,4 @@ def test_runtime_launched_plugin_from_the_plugin_directory(testbed_factory: Any,
     assert "starting on fd 3" in log.read_text()
     pod = bed.cri.run_pod("launched", annotations={"nvidia.com/gpus": "0"})
     cid = bed.cri.run_container(pod, "main", LONG_RUNNING)
-    assert env_of(bed.cri, cid)["NVIDIA_VISIBLE_DEVICES"] == "0"
+    assert env_of(bed.cri, cid)["NVIDIA_VISIBLE_DEVICES"] == node.gpus[0].uuid

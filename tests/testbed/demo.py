@@ -1,9 +1,7 @@
-"""The demo behind ``hack/demo``: a private containerd, ``nri-gpu run`` beside it,
-one pod that asks for GPUs and one that does not, and what each container sees.
-
-No GPU is needed: until the engine lands the plugin only turns the request into
-the container's ``NVIDIA_VISIBLE_DEVICES``; the point is the whole path from a
-pod annotation through containerd, NRI and the plugin into a running container.
+"""The demo behind ``hack/demo``: a private containerd, ``nri-gpu run`` beside it
+pointed at a simulated GPU node (the real NVIDIA 550.163.01 user-space from
+Debian, fake procfs and device nodes), one pod that asks for GPUs and one that
+does not, and what each container sees.
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ from pathlib import Path
 from . import images, runtimes
 from .containerd import Containerd, reap_stale
 from .cri import CriClient
+from .gpunode import build_node
 from .plugins import NriGpuProcess
 
 SLEEP = ["sh", "-c", "sleep 3600"]
@@ -34,17 +33,29 @@ def step(text: str) -> Iterator[None]:
     print(f"done ({time.monotonic() - start:.1f}s)")
 
 
-def show_env(cri: CriClient, cid: str) -> list[str]:
-    code, out, err = cri.exec_sync(cid, ["env"])
-    if code != 0:
-        raise SystemExit(f"exec failed: {err}")
-    return sorted(line for line in out.splitlines() if line.startswith("NVIDIA_"))
+# What a person would type in the container to see what it got.
+LOOK = [
+    ("ls /dev | grep nvidia", "ls /dev | grep nvidia || echo '(no NVIDIA devices)'"),
+    ("env | grep NVIDIA_", "env | grep NVIDIA_ | sort || echo '(no NVIDIA_* variables)'"),
+    ("ls /proc/driver/nvidia/gpus", "ls /proc/driver/nvidia/gpus 2>&1"),
+    ("ldconfig -p | grep -E 'libcuda|libnvidia-ml'", "ldconfig -p | grep -E 'libcuda|libnvidia-ml' || echo '(none)'"),
+    ("nvidia-smi", "nvidia-smi 2>&1 | head -3"),
+]
+
+
+def show(cri: CriClient, cid: str) -> None:
+    for title, script in LOOK:
+        _, out, err = cri.exec_sync(cid, ["sh", "-c", script])
+        print(f"  $ {title}")
+        for line in (out + err).strip().splitlines() or ["(nothing)"]:
+            print(f"      {line}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hack/demo", description=__doc__.splitlines()[0])
     parser.add_argument("--containerd", choices=runtimes.VERSIONS, default="2.1.9")
     parser.add_argument("--gpus", default="0,1", help="the pod's nvidia.com/gpus annotation (default 0,1)")
+    parser.add_argument("--node-gpus", type=int, default=4, help="GPUs of the simulated node (default 4)")
     parser.add_argument("--keep", action="store_true", help="leave the work directory for inspection")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
@@ -54,9 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="nri-gpu-demo-"))
     print(f"nri-gpu demo: containerd {args.containerd} with NRI, work directory {workdir}")
     reap_stale()
-    with step(f"fetching containerd {args.containerd}, runc and busybox from Debian (cached after the first run)"):
+    with step(f"fetching containerd {args.containerd}, runc, busybox, glibc and the NVIDIA driver from Debian (cached)"):
         ctrd = Containerd(args.containerd, workdir)
         images.build_all()
+    with step(f"building a simulated {args.node_gpus}-GPU node (real driver files, fake /proc and /dev)"):
+        node = build_node(workdir / "node", gpus=args.node_gpus)
+    for gpu in node.gpus:
+        print(f"     GPU {gpu.index}: /dev/nvidia{gpu.minor}  {gpu.bus_id}  {gpu.uuid}")
     plugin: NriGpuProcess | None = None
     try:
         with step("starting containerd"):
@@ -64,23 +79,27 @@ def main(argv: list[str] | None = None) -> int:
             ctrd.start()
             images.import_all(ctrd)
         cri = CriClient(ctrd.address, cgroup_parent=ctrd.cgroup_parent, log_root=workdir / "pod-logs")
-        with step(f"starting `nri-gpu run --socket {ctrd.nri_socket}`"):
-            plugin = NriGpuProcess(ctrd.nri_socket, workdir / "nri-gpu.log").start()
+        flags = " ".join(node.flags())
+        with step(f"starting `nri-gpu run --socket {ctrd.nri_socket} {flags}`"):
+            plugin = NriGpuProcess(ctrd.nri_socket, workdir / "nri-gpu.log", *node.flags()).start()
 
         gpu_pod = cri.run_pod("gpu-demo", annotations={"nvidia.com/gpus": args.gpus})
-        gpu = cri.run_container(gpu_pod, "cuda-app", SLEEP)
+        gpu = cri.run_container(gpu_pod, "cuda-app", SLEEP, image=images.GLIBC)
         plain_pod = cri.run_pod("plain-demo")
-        plain = cri.run_container(plain_pod, "web", SLEEP)
+        plain = cri.run_container(plain_pod, "web", SLEEP, image=images.GLIBC)
 
-        print(f'\npod "gpu-demo" (annotation nvidia.com/gpus: {args.gpus}), container "cuda-app" sees:')
-        for line in show_env(cri, gpu) or ["(no NVIDIA_* variables)"]:
-            print(f"    {line}")
-        print('pod "plain-demo" (no annotation), container "web" sees:')
-        for line in show_env(cri, plain) or ["(no NVIDIA_* variables: it asked for nothing and got nothing)"]:
-            print(f"    {line}")
+        print(f'\npod "gpu-demo" (annotation nvidia.com/gpus: {args.gpus}), container "cuda-app":')
+        show(cri, gpu)
+        print('\npod "plain-demo" (no annotation), container "web": it asked for nothing and got nothing')
+        show(cri, plain)
+        refused = cri.run_pod("bad-demo", annotations={"nvidia.com/gpus": "7"})
+        try:
+            cri.run_container(refused, "main", SLEEP, image=images.GLIBC)
+        except Exception as exc:  # the CRI error carries the plugin's message
+            print(f'\npod "bad-demo" (nvidia.com/gpus: 7) is refused:\n  {exc}')
         print("\nnri-gpu's log:")
         for line in plugin.log().splitlines():
-            if "GPUs" in line or "registered" in line:
+            if "GPUs" in line or "registered" in line or "refused" in line:
                 print(f"    {line}")
         cri.remove_all()
         cri.close()

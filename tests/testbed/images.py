@@ -44,6 +44,10 @@ __all__ = ["BUSYBOX", "PAUSE", "Image", "build_all", "busybox_image", "import_al
 
 BUSYBOX = "localhost/nri-gpu/busybox:1"
 PAUSE = "localhost/nri-gpu/pause:1"
+# busybox plus Debian's glibc (libc.so.6, ld.so, ldconfig): what a CUDA base image
+# gives a GPU container, so nvidia-smi can run and ``ldconfig -p`` can be read.
+GLIBC = "localhost/nri-gpu/glibc:1"
+_LIBC_DEBS = (("libc6", "bookworm", "2.36-*"), ("libc-bin", "bookworm", "2.36-*"))  # libc-bin has ldconfig
 _BUSYBOX_DEB = ("busybox-static", "trixie", "1:1.37.0-*")
 _PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _PAUSE_C = Path(__file__).with_name("pause.c")
@@ -247,9 +251,38 @@ def pause_image() -> Image:
     return _cached_build("pause", key, build)
 
 
+def _add_tree(layer: _Layer, root: Path) -> None:
+    """Add an unpacked package's files and links (documentation left out)."""
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(("usr/share/doc", "usr/share/lintian", "usr/share/man")):
+            continue
+        if path.is_symlink():
+            layer.symlink(rel, os.readlink(path))
+        elif path.is_dir():
+            layer.dir(rel)
+        else:
+            layer.file(rel, path.read_bytes(), path.stat().st_mode & 0o7777)
+
+
+def glibc_image() -> Image:
+    """busybox + Debian's libc6: a minimal image with a dynamic loader and ldconfig."""
+    busybox = _busybox_binary()
+    trees = [debs.extract(*deb) for deb in _LIBC_DEBS]
+
+    def build(out: Path) -> tuple[str, str]:
+        layer = _base_layer(busybox.read_bytes(), _applets(busybox))
+        for tree in trees:
+            _add_tree(layer, tree)
+        layer.file("etc/ld.so.conf", b"include /etc/ld.so.conf.d/*.conf\n")
+        return GLIBC, _write_layout(out, GLIBC, layer, {"Env": [_PATH], "Cmd": ["sh"], "WorkingDir": "/"})
+
+    return _cached_build("glibc", [busybox.read_bytes(), *(str(t).encode() for t in trees)], build)
+
+
 def build_all() -> list[Image]:
     """Build (or take from the cache) every image the test bed uses."""
-    return [busybox_image(), pause_image()]
+    return [busybox_image(), pause_image(), glibc_image()]
 
 
 def import_image(ctrd: Containerd, image: Image, namespace: str = "k8s.io") -> None:

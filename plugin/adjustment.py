@@ -1,0 +1,44 @@
+"""Engine plan -> NRI ``ContainerAdjustment``.  (pure)
+
+The adjustment carries only what the plan adds and the container does not
+already have: a device node the device plugin already put in the spec (same
+path, same numbers) or an identical bind mount is left out, so two sources of
+the same edit never fight over it. A different mount already at one of our
+destinations is a conflict and refuses the container; silently replacing it
+would hide the operator's mistake.
+"""
+
+from __future__ import annotations
+
+from engine.model import Plan
+from plugin._proto import nri_pb2 as api
+from plugin.errors import PluginError
+
+# Records what the container was given, for people and tools reading the spec.
+GPUS_ANNOTATION = "nri-gpu.io/gpus"
+
+
+def to_adjustment(plan: Plan, container: api.Container) -> api.ContainerAdjustment:
+    adjust = api.ContainerAdjustment()
+    existing_devices = {d.path: (d.type, d.major, d.minor) for d in container.linux.devices}
+    for node in plan.devices:
+        if existing_devices.get(node.path) == (node.type, node.major, node.minor):
+            continue
+        device = adjust.linux.devices.add(path=node.path, type=node.type, major=node.major, minor=node.minor)
+        device.file_mode.value = node.mode
+    existing_mounts = {m.destination: m.source for m in container.mounts}
+    for mount in plan.mounts:
+        source = existing_mounts.get(mount.destination)
+        if source == mount.source:
+            continue
+        if source is not None:
+            raise PluginError(
+                f"the container already mounts {source} at {mount.destination}, where its GPU driver file goes"
+            )
+        adjust.mounts.add(destination=mount.destination, type="bind", source=mount.source, options=list(mount.options))
+    env = dict(e.partition("=")[::2] for e in container.env)
+    for key, value in plan.env:
+        if env.get(key) != value:
+            adjust.env.add(key=key, value=value)
+    adjust.annotations[GPUS_ANNOTATION] = ",".join(g.uuid for g in plan.gpus) or "none"
+    return adjust
