@@ -57,15 +57,17 @@ class Policy:
 class EngineConfig:
     """``driver_root``: where the driver's files live (``/``, or ``/run/nvidia/driver``
     with the GPU operator); ``dev_root``: under which ``dev/nvidia*`` are found;
-    ``proc_root``: the procfs to read (``/proc``)."""
+    ``proc_root``: the procfs to read (``/proc``); ``ldconfig``: the trusted ldconfig
+    (ours, never the image's) that rebuilds a GPU container's ld.so cache."""
 
     driver_root: str = "/"
     dev_root: str = "/"
     proc_root: str = "/proc"
+    ldconfig: str = "/sbin/ldconfig"
     policy: Policy = dataclasses.field(default_factory=Policy)
 
     def __post_init__(self) -> None:
-        for key in ("driver_root", "dev_root", "proc_root"):
+        for key in ("driver_root", "dev_root", "proc_root", "ldconfig"):
             value = getattr(self, key)
             if not isinstance(value, str) or not value.startswith("/"):
                 raise EngineConfigError(f"engine.{key}: {value!r} must be an absolute path")
@@ -75,7 +77,7 @@ class EngineConfig:
         return dataclasses.replace(self, **changes)
 
 
-_ROOT_KEYS = ("driver_root", "dev_root", "proc_root")
+_ROOT_KEYS = ("driver_root", "dev_root", "proc_root", "ldconfig")
 _BOOL_POLICY = ("accept_env_unprivileged", "accept_volume_mounts", "require_checks", "legacy_image_all_gpus")
 
 

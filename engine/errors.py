@@ -25,3 +25,18 @@ class UnknownDeviceError(RequestError):
 
 class RequirementError(EngineError):
     """An ``NVIDIA_REQUIRE_*`` condition is not met, or cannot be parsed."""
+
+
+class StartError(EngineError):
+    """The work at container start (procfs view, links, ld.so cache) failed.
+
+    ``container`` names the container as the caller described it, ``step`` the
+    stage that failed (``"procfs isolation"``, ``"ldconfig"``, ...); the message
+    reads ``<container>: <step>: <what went wrong>``.
+    """
+
+    def __init__(self, container: str, step: str, error: str) -> None:
+        super().__init__(f"{container}: {step}: {error}" if container else f"{step}: {error}")
+        self.container = container
+        self.step = step
+        self.error = error

@@ -13,6 +13,7 @@ Modules (stdlib plus grpcio/protobuf; nothing is installed on the host):
 * ``hostops``    scoped host clean-up: mounts under a path, cgroup trees, processes
 * ``gpunode``    a simulated GPU node: real NVIDIA 550.163.01 files from Debian, fake /proc and /dev
 * ``ldcaches``   ld.so.cache files (new, old, compat, hwcaps) written by the real ldconfig
+* ``bundle``     OCI bundles run by runc alone: containers in the "created" state (NRI StartContainer)
 
 ``hack/fetch-runtimes`` fills the cache; ``tests/e2e/conftest.py`` holds the fixtures;
 ``hack/simulate-gpu-node`` builds a simulated GPU node by hand.

@@ -1,0 +1,158 @@
+"""The trusted ldconfig's process: confined, then exec'ed. Runs in a fresh fork only.
+
+Forked by the worker (inside the container's mount namespace) into the
+container's pid namespace, with ``fork_raw`` (see ``ldconfig._fork``), it:
+
+* takes a private copy of the mount namespace (``unshare``), so what it
+  mounts is seen by itself alone, and makes every mount in it private;
+* attaches the worker's output tmpfs (owned by ``nobody``) over ``/proc`` and
+  covers every other procfs mount of the container with an empty read-only
+  tmpfs: no magic link (``/proc/1/root``, ``/proc/1/fd/N``) is left to climb
+  out of the container's root through, whatever symlink the image planted;
+* joins the container's net, IPC and UTS namespaces (after the pid one): a
+  crafted ELF file that took over ldconfig would reach none of the host's
+  abstract sockets or processes;
+* becomes ``nobody`` (uid and gid 65534, no supplementary groups) with no
+  capability left, bounding set included, and ``no_new_privs``; 10 s of CPU,
+  64 MiB files. ldconfig only reads the container; the one thing it writes is
+  its cache, into the output tmpfs (``-C /proc/ld.so.cache``); ``-X`` stops it
+  making SONAME links and ``-i`` from trusting the image's aux cache. (It also
+  tries ``/var/cache/ldconfig/aux-cache``; as ``nobody`` that fails quietly,
+  or lands where any container user could write anyway.)
+* exec's the binary by fd with an empty environment, cwd ``/``, stdin
+  ``/dev/null``, stdout and stderr into the worker's pipe, and no other fd;
+* dies with the worker (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import resource
+import signal
+from dataclasses import dataclass
+
+from engine.start import syscalls
+from engine.start.rootdir import RootDir
+
+__all__ = ["ARGV", "CACHE_NAME", "OUTPUT", "UID", "Trusted", "exec_confined"]
+
+UID = 65534  # nobody, and nogroup: no more rights in the container than its least user
+OUTPUT = "/proc"  # where the output tmpfs is attached, in ldconfig's private namespace only
+CACHE_NAME = "ld.so.cache"
+ARGV = ("ldconfig", "-X", "-i", "-f", "/etc/ld.so.conf", "-C", f"{OUTPUT}/{CACHE_NAME}")
+_LIMITS = ((resource.RLIMIT_CPU, 10), (resource.RLIMIT_FSIZE, 64 << 20))
+
+
+@dataclass(frozen=True)
+class Trusted:
+    """What the ldconfig run needs from the host side, opened before ``setns``.
+
+    ``binary``: the ldconfig fd; ``namespaces``: (fd, CLONE_NEW*) of the
+    container's net, IPC and UTS namespaces; ``pid_namespace``: its pid namespace
+    (joined for the ldconfig process) and ``own_pid_namespace`` the worker's (set
+    back afterwards); ``proc_mounts``: mount points of its procfs mounts;
+    ``devnull``: the host's ``/dev/null``, for stdin.
+    """
+
+    path: str
+    binary: int
+    namespaces: tuple[tuple[int, int], ...]
+    pid_namespace: int | None
+    own_pid_namespace: int | None
+    proc_mounts: tuple[str, ...]
+    devnull: int
+
+
+def exec_confined(trusted: Trusted, output: int, cache_mount: int) -> None:
+    """In the forked ldconfig process: confine, then exec. Never returns.
+
+    ``output``: the pipe for stdout and stderr; ``cache_mount``: the detached
+    tmpfs the cache is written into (the worker reads it from there)."""
+    try:
+        # Above the stdio numbers first: a plugin started with closed stdio may
+        # hold any of these as fd 0, 1 or 2, which the dup2 calls would clobber.
+        binary, devnull, output = (
+            fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (trusted.binary, trusted.devnull, output)
+        )
+        os.dup2(devnull, 0)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        # The worker killed on timeout takes this process along. The kernel clears
+        # the setting when the uid changes, so it is set again after that, and
+        # a parent that died in between is noticed by the parent pid changing.
+        parent = os.getppid()
+        syscalls.parent_death_signal(signal.SIGKILL)
+        # A private copy of the container's mount namespace: what is covered
+        # here is covered for ldconfig only, never for the container.
+        syscalls.unshare(syscalls.CLONE_NEWNS)
+        root = RootDir.current()
+        syscalls.mount_setattr(
+            root.fd, "", syscalls.AT_EMPTY_PATH | syscalls.AT_RECURSIVE, propagation=syscalls.MS_PRIVATE
+        )
+        _attach(root, OUTPUT, cache_mount)
+        for point in trusted.proc_mounts:
+            if point != OUTPUT:
+                _attach(root, point, _empty_tmpfs())
+        for fd, nstype in trusted.namespaces:
+            syscalls.setns(fd, nstype)
+        for limit, value in _LIMITS:
+            resource.setrlimit(limit, (value, value))
+        _become_nobody()
+        syscalls.parent_death_signal(signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(126)
+        os.chdir("/")
+        _close_fds_except(binary)
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        os.execve(binary, list(ARGV), {})
+    except BaseException as exc:
+        try:
+            os.write(2, f"nri-gpu: before running ldconfig: {exc}\n".encode())
+        finally:
+            os._exit(127)
+
+
+def _attach(root: RootDir, point: str, mount: int) -> None:
+    """Attach the detached ``mount`` over the directory ``point`` of the root."""
+    try:
+        target = root.open(point, os.O_PATH | os.O_DIRECTORY, resolve=syscalls.RESOLVE_NO_SYMLINKS)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{point}: {exc.strerror}") from exc
+    try:
+        syscalls.move_mount(mount, "", target, "", syscalls.MOVE_MOUNT_F_EMPTY_PATH | syscalls.MOVE_MOUNT_T_EMPTY_PATH)
+    finally:
+        os.close(target)
+        os.close(mount)
+
+
+def _empty_tmpfs() -> int:
+    fs = syscalls.fsopen("tmpfs")
+    try:
+        for key, value in (("mode", "0555"), ("size", "4k"), ("nr_inodes", "1")):
+            syscalls.fsconfig(fs, syscalls.FSCONFIG_SET_STRING, key, value)
+        syscalls.fsconfig(fs, syscalls.FSCONFIG_CMD_CREATE)
+        flags = (
+            syscalls.MOUNT_ATTR_RDONLY
+            | syscalls.MOUNT_ATTR_NOSUID
+            | syscalls.MOUNT_ATTR_NODEV
+            | syscalls.MOUNT_ATTR_NOEXEC
+        )
+        return syscalls.fsmount(fs, flags)
+    finally:
+        os.close(fs)
+
+
+def _become_nobody() -> None:
+    cap = 0
+    while syscalls.capbset_drop(cap):  # every capability the kernel knows, whatever this Python knows of
+        cap += 1
+    syscalls.set_ids(UID, UID)  # from uid 0 to another: the kernel clears every capability
+    syscalls.capset(frozenset())  # and we make sure
+    syscalls.no_new_privs()
+
+
+def _close_fds_except(keep: int) -> None:
+    # Nothing of the plugin's (sockets, the result pipe) reaches ldconfig.
+    os.closerange(3, keep)
+    os.closerange(keep + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1])

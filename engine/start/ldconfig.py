@@ -1,0 +1,252 @@
+"""The loader configuration and cache in the container: ``ld.so.conf.d`` + a trusted ldconfig.
+
+The injected libraries live in folders the image's cache may not list, so
+``/etc/ld.so.conf.d/00-nri-gpu.conf`` names them (a later ``ldconfig`` inside
+the container keeps them) and the cache is rebuilt. The CVEs that shaped how:
+
+* CVE-2024-0136/0137: never run a binary from the image. The ldconfig run is
+  the *plugin's* own, opened on the host before entering the container and
+  executed by fd (``fexecve``), and only if it is static: a dynamic one would
+  be loaded by the container's ``ld-linux`` and honour its ``ld.so.preload``.
+* CVE-2025-23266 (NVIDIAScape): no environment reaches it, so no ``LD_PRELOAD``
+  or ``LD_LIBRARY_PATH`` of the image either (static anyway), and cwd is ``/``.
+* CVE-2025-23267 (ldconfig writing through the image's links) and its
+  relatives: ldconfig writes *nothing* in the container. It runs as ``nobody``
+  without capabilities, with ``-X`` (no SONAME links: glibc takes a SONAME such
+  as ``../../data/x`` as it is and would plant a link wherever it points), with
+  ``-i`` (the image's aux cache is not read), and puts its cache in a private
+  tmpfs (``confine``). This process then installs the cache like every other
+  file it writes: resolved in the root, on the root file system only (never in
+  a volume), through a temporary file renamed into place.
+* Procfs magic links: ldconfig's view of the container has every procfs mount
+  covered, so ``/proc/1/root`` or ``/proc/1/fd/N`` lead nowhere.
+
+The driver libraries' own links are made by ``links`` before ldconfig runs.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import stat
+import time
+
+from engine.errors import DiscoveryError
+from engine.ldcache import parse_ld_so_cache
+from engine.model import Symlink
+from engine.start import confine, elf, syscalls
+from engine.start.confine import Trusted
+from engine.start.rootdir import RootDir, describe, read_regular, split, write_atomically
+from engine.start.work import WorkError
+
+__all__ = ["CONF", "Trusted", "cache_lists", "expected_entries", "open_trusted", "run", "write_conf"]
+
+CONF = "/etc/ld.so.conf.d/00-nri-gpu.conf"  # 00-: before the image's own files, as the toolkit's 00-nvcr
+MAIN_CONF = "/etc/ld.so.conf"
+MAIN_CONF_TEXT = b"include /etc/ld.so.conf.d/*.conf\n"  # what the toolkit writes where there is none
+CACHE = "/etc/ld.so.cache"
+_CACHE_LIMIT = 64 << 20
+_TAIL = 4096
+
+
+def open_trusted(path: str) -> int:
+    """Open the host's ldconfig, checked: a root-owned regular file no one else may
+    write, executable, and static. Raises ``WorkError``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise WorkError(f"{path}: {os.strerror(exc.errno or 0)}") from exc
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or not info.st_mode & 0o111:
+            raise WorkError(f"{path}: not an executable file")
+        if info.st_uid != 0 or info.st_mode & 0o022:
+            raise WorkError(f"{path}: must be owned by root and writable by root only")
+        try:
+            interp = elf.interpreter(os.pread(fd, elf.HEAD_SIZE, 0))
+        except ValueError as exc:
+            raise WorkError(f"{path}: {exc}") from exc
+        if interp is not None:
+            raise WorkError(
+                f"{path} is dynamically linked (interpreter {interp}): inside the container it would be loaded "
+                "by the image's own loader; configure a statically linked ldconfig"
+            )
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def conf_text(folders: tuple[str, ...]) -> bytes:
+    lines = ["# Written by nri-gpu at container start: the NVIDIA driver libraries injected here.", *folders]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def write_conf(root: RootDir, folders: tuple[str, ...]) -> bool:
+    """Make ``/etc/ld.so.conf`` include ``ld.so.conf.d`` (only if it is missing) and
+    write ``00-nri-gpu.conf``; True when anything was written."""
+    changed = False
+    try:
+        os.close(root.open(MAIN_CONF, os.O_PATH))  # exists, as the container resolves it: leave it
+    except FileNotFoundError:
+        parent, name = split(MAIN_CONF)
+        etc = root.makedirs(parent)
+        try:
+            write_atomically(etc, name, MAIN_CONF_TEXT, 0o644, what=MAIN_CONF)
+        finally:
+            os.close(etc)
+        changed = True
+    except OSError as exc:
+        raise WorkError(describe(exc, MAIN_CONF)) from exc
+    parent, name = split(CONF)
+    folder = root.makedirs(parent)
+    try:
+        want = conf_text(folders)
+        if _current(folder, name) != want:
+            write_atomically(folder, name, want, 0o644, what=CONF)
+            changed = True
+    finally:
+        os.close(folder)
+    return changed
+
+
+def _current(dirfd: int, name: str) -> bytes | None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
+    except OSError:
+        return None  # missing, or a link (ELOOP): replaced either way
+    try:
+        return read_regular(fd, CONF, 1 << 16)
+    except WorkError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def expected_entries(links: tuple[Symlink, ...], folders: tuple[str, ...]) -> frozenset[str]:
+    """Cache entries a current cache has: the SONAME links in the configured folders
+    (``/usr/lib/x86_64-linux-gnu/libcuda.so.1``), not the ``.so`` development links."""
+    return frozenset(
+        link.path for link in links if ".so." in link.path.rsplit("/", 1)[1] and link.path.rsplit("/", 1)[0] in folders
+    )
+
+
+def cache_lists(root: RootDir, paths: frozenset[str]) -> bool:
+    """Whether the container's cache already resolves every one of ``paths``."""
+    if not paths:
+        return False
+    try:
+        data = root.read_small(CACHE, _CACHE_LIMIT)
+        if data is None:
+            return False
+        return paths <= {entry.path for entry in parse_ld_so_cache(data)}
+    except (WorkError, DiscoveryError):
+        return False  # unreadable or garbled: rebuild it
+
+
+def run(root: RootDir, trusted: Trusted, deadline: float) -> float:
+    """Rebuild the container's cache with the trusted ldconfig and install it as
+    ``/etc/ld.so.cache``; the milliseconds the ldconfig process took, fork to
+    reap. Called inside the container's mount namespace. Raises ``WorkError``."""
+    cache = _output_tmpfs()
+    try:
+        out_read, out_write = os.pipe()
+        try:
+            began = time.perf_counter()
+            pid = _fork(trusted, out_write, cache)
+            os.close(out_write)
+            out_write = -1
+            tail, timed_out = _collect(out_read, deadline)
+            if timed_out:
+                os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+            took = (time.perf_counter() - began) * 1000
+        finally:
+            os.close(out_read)
+            if out_write >= 0:
+                os.close(out_write)
+        code = os.waitstatus_to_exitcode(status)
+        if timed_out:
+            raise WorkError(f"{trusted.path} did not finish before the deadline and was killed")
+        if code != 0:
+            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+            text = tail.decode("utf-8", "replace").strip()[-1000:]
+            raise WorkError(f"{trusted.path} {how}" + (f": {text}" if text else ""))
+        data = _read_cache(cache, trusted.path)
+    finally:
+        os.close(cache)
+    _install(root, data)
+    return took
+
+
+def _fork(trusted: Trusted, output: int, cache: int) -> int:
+    """The ldconfig process, in the container's pid namespace; its pid.
+
+    Made with ``fork_raw``: ``os.fork`` would run every library's at-fork
+    handlers, and some start threads (gRPC's), which the kernel refuses in a
+    process that has set another pid namespace for its children, and retry
+    forever. The worker is single-threaded and holds the GIL: safe.
+    """
+    if trusted.pid_namespace is not None:
+        syscalls.setns(trusted.pid_namespace, syscalls.CLONE_NEWPID)  # for the child made next
+    try:
+        pid = syscalls.fork_raw()
+        if pid == 0:
+            confine.exec_confined(trusted, output, cache)  # never returns
+    finally:
+        if trusted.pid_namespace is not None and trusted.own_pid_namespace is not None:
+            syscalls.setns(trusted.own_pid_namespace, syscalls.CLONE_NEWPID)  # new threads allowed again
+    return pid
+
+
+def _read_cache(cache: int, path: str) -> bytes:
+    try:
+        fd = os.open(confine.CACHE_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=cache)
+    except OSError as exc:
+        raise WorkError(f"{path} wrote no cache ({exc.strerror})") from exc
+    try:
+        return read_regular(fd, "the new ld.so.cache", _CACHE_LIMIT)
+    finally:
+        os.close(fd)
+
+
+def _install(root: RootDir, cache: bytes) -> None:
+    parent, name = split(CACHE)
+    etc = root.makedirs(parent)
+    try:
+        write_atomically(etc, name, cache, 0o644, what=CACHE)
+    finally:
+        os.close(etc)
+
+
+def _output_tmpfs() -> int:
+    """A detached tmpfs only ``nobody`` (ldconfig) can write: where its cache goes."""
+    fs = syscalls.fsopen("tmpfs")
+    try:
+        options = (("uid", str(confine.UID)), ("gid", str(confine.UID)), ("mode", "0700"), ("size", "64m"))
+        for key, value in (*options, ("nr_inodes", "16")):
+            syscalls.fsconfig(fs, syscalls.FSCONFIG_SET_STRING, key, value)
+        syscalls.fsconfig(fs, syscalls.FSCONFIG_CMD_CREATE)
+        flags = syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV | syscalls.MOUNT_ATTR_NOEXEC
+        return syscalls.fsmount(fs, flags)
+    finally:
+        os.close(fs)
+
+
+def _collect(fd: int, deadline: float) -> tuple[bytes, bool]:
+    """The tail of ldconfig's output until it closes it; (tail, timed out)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    tail = bytearray()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return bytes(tail), True
+        if not poller.poll(max(1, int(left * 1000))):
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return bytes(tail), False
+        tail += chunk
+        del tail[:-_TAIL]

@@ -1,0 +1,183 @@
+"""The container's root as a directory fd, and every path resolved against it.
+
+After ``setns`` into the container's mount namespace, ``/`` is the container's
+root, but a path string handed to ``open`` would still follow whatever the image
+put on the way: an absolute symlink, ``..``, or a procfs magic link such as
+``/proc/1/root`` that leads back out to the host. So every path inside the
+container is resolved here with ``openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)``
+from the root fd: symlinks are followed *as the container would see them*
+(absolute ones restart at the container's root, ``..`` stops there) and magic
+links are refused. Final components are then handled with the ``*at`` calls
+relative to a resolved directory fd, with no-follow flags, so the last
+component is never followed either.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from engine.start import syscalls
+from engine.start.work import WorkError
+
+__all__ = ["IN_ROOT", "WRITE", "RootDir", "describe", "read_regular", "split", "write_atomically"]
+
+IN_ROOT = syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS
+# For a directory written into: stay on the container's root file system. A link
+# (or a path) into a volume or a host bind mount is refused, because there the
+# plugin's rights are not the container's: a root-owned host folder mounted for
+# a non-root container must not get files from us that its user could not make.
+WRITE = syscalls.RESOLVE_NO_XDEV
+_DIR = os.O_PATH | os.O_DIRECTORY
+
+
+def describe(exc: OSError, path: str) -> str:
+    """A reader's sentence for ``exc`` on the container path ``path``."""
+    code = exc.errno
+    if code == errno.ELOOP:
+        return f"{path}: refused: its resolution meets a /proc magic link (or a symlink loop)"
+    if code == errno.EXDEV:
+        return (
+            f"{path}: refused: it leads out of the container's root file system "
+            "(into a volume or another mount), where the plugin's rights are not the container's"
+        )
+    if code == errno.ENOTDIR:
+        return f"{path}: a path component is not a directory"
+    if code == errno.EROFS:
+        return f"{path}: read-only file system"
+    return f"{path}: {os.strerror(code) if code else exc}"
+
+
+def split(path: str) -> tuple[str, str]:
+    """``/a/b/c`` -> (``/a/b``, ``c``) for a clean absolute path with a final name."""
+    parent, _, name = path.rpartition("/")
+    if not name or name in (".", ".."):
+        raise WorkError(f"{path!r} has no final file name")
+    return parent or "/", name
+
+
+class RootDir:
+    """The container's root directory; owns ``fd`` (an ``O_PATH`` directory)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    @classmethod
+    def current(cls) -> RootDir:
+        """This process's ``/``: the container's root once ``setns`` entered it."""
+        return cls(os.open("/", _DIR | os.O_CLOEXEC))
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def open(self, path: str, flags: int, mode: int = 0, *, resolve: int = 0) -> int:
+        """An fd for ``path`` resolved in the root; raises ``OSError`` (callers explain it)."""
+        return syscalls.openat2(self.fd, path, flags, mode, IN_ROOT | resolve)
+
+    def opendir(self, path: str, *, resolve: int = 0) -> int:
+        """An ``O_PATH`` fd of the directory at ``path``; ``WorkError`` if there is none."""
+        try:
+            return self.open(path, _DIR, resolve=resolve)
+        except OSError as exc:
+            raise WorkError(describe(exc, path)) from exc
+
+    def find_dir(self, path: str, *, resolve: int = 0) -> int | None:
+        """Like ``opendir``, None when ``path`` does not exist."""
+        try:
+            return self.open(path, _DIR, resolve=resolve)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise WorkError(describe(exc, path)) from exc
+
+    def makedirs(self, path: str, mode: int = 0o755, *, resolve: int = WRITE) -> int:
+        """``mkdir -p`` inside the root; an ``O_PATH`` fd of the directory, by default
+        on the root file system only (``WRITE``): it is for writing into.
+
+        Each prefix is resolved from the root again, so a symlink on the way is
+        followed the way the container will follow it; a symlink that points
+        nowhere is an error (creating its target would mean guessing).
+        """
+        fd = os.dup(self.fd)
+        prefix = ""
+        for name in (p for p in path.split("/") if p):
+            prefix += "/" + name
+            try:
+                found = self.find_dir(prefix, resolve=resolve)
+                if found is None:
+                    try:
+                        os.mkdir(name, mode, dir_fd=fd)
+                    except FileExistsError:
+                        pass  # a dangling link (reported below) or a racing mkdir
+                    except OSError as exc:
+                        raise WorkError(describe(exc, prefix)) from exc
+                    found = self.find_dir(prefix, resolve=resolve)
+                    if found is None:
+                        raise WorkError(f"{prefix}: a symlink to nowhere in the container is in the way")
+            finally:
+                os.close(fd)
+            fd = found
+        return fd
+
+    def read_small(self, path: str, limit: int) -> bytes | None:
+        """Contents of the regular file at ``path`` (links followed in the root), None
+        if it does not exist; ``WorkError`` if it is no regular file or over ``limit``."""
+        try:
+            # Look before opening for reading: opening a device or FIFO the image
+            # points at can have side effects of its own.
+            probe = self.open(path, os.O_PATH)
+            try:
+                if not stat.S_ISREG(os.fstat(probe).st_mode):
+                    raise WorkError(f"{path}: not a regular file")
+            finally:
+                os.close(probe)
+            fd = self.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise WorkError(describe(exc, path)) from exc
+        try:
+            return read_regular(fd, path, limit)
+        finally:
+            os.close(fd)
+
+
+def read_regular(fd: int, what: str, limit: int) -> bytes:
+    """All of the regular file ``fd``, refusing FIFOs, devices and oversized files."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise WorkError(f"{what}: not a regular file")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise WorkError(f"{what}: larger than {limit} bytes")
+
+
+def write_atomically(dirfd: int, name: str, data: bytes, mode: int, *, what: str) -> None:
+    """Replace ``name`` in ``dirfd`` with a file holding ``data``: a temporary
+    created with ``O_EXCL | O_NOFOLLOW`` (never written through a planted link),
+    then renamed over the name (which replaces a link rather than following it)."""
+    tmp = f".{name}.nri-gpu-tmp"
+    try:
+        try:
+            os.unlink(tmp, dir_fd=dirfd)
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dirfd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, mode)  # the umask does not decide what the container gets
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+    except OSError as exc:
+        raise WorkError(describe(exc, what)) from exc

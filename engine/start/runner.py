@@ -1,0 +1,278 @@
+"""Run the start work in a forked worker, from plain code or from asyncio.
+
+Why a fork: ``setns`` into a mount namespace needs a single-threaded caller
+and changes the caller for good; the plugin is a multi-threaded asyncio
+process that must stay where it is. ``os.fork`` gives a one-thread copy in
+about a millisecond; a fresh interpreter would cost more than the step's whole
+budget (NRI gives a plugin 2 s per request).
+
+The worker never returns into the caller's code: it does the work, writes
+JSON lines to a pipe (``{"step": ...}`` as each step starts, then one result
+``{"ok": true, ...}`` or ``{"ok": false, "step": ..., "error": ...}``) and
+``os._exit``s. It takes no lock the caller's threads may hold (no logging, no
+asyncio), blocks every signal (a Python handler would write to the caller's
+signal wake-up fd), and refuses imports: once inside the container, a module
+not loaded yet would be searched for on ``sys.path`` *in the container's
+root*, where the image could have planted one.
+
+A worker that outlives the timeout is SIGKILLed (its ldconfig child follows
+through ``PR_SET_PDEATHSIG``) and reported with the last step it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import select
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any, NoReturn
+
+from engine.errors import StartError
+from engine.start import actions, cgroup
+from engine.start.work import StartReport, StartWork
+
+__all__ = ["DEFAULT_LDCONFIG", "DEFAULT_TIMEOUT", "Reporter", "find_init_pid", "run_start", "run_start_async"]
+
+DEFAULT_LDCONFIG = "/sbin/ldconfig"
+DEFAULT_TIMEOUT = 1.5  # under containerd's 2 s plugin_request_timeout, with room for the rest of the handler
+# The worker stops waiting for ldconfig this long before the caller's deadline,
+# so that it can still say why it failed before it would be killed.
+_REPORT_MARGIN = 0.1
+_V1_CONTROLLERS = ("unified", "pids", "devices", "memory", "freezer", "cpu,cpuacct", "systemd")
+
+
+Reporter = Callable[[StartReport], None]
+
+
+def run_start(
+    pid: int,
+    work: StartWork,
+    *,
+    ldconfig: str = DEFAULT_LDCONFIG,
+    timeout: float = DEFAULT_TIMEOUT,
+    on_report: Reporter | None = None,
+) -> None:
+    """Do ``work`` inside the container whose init process is ``pid`` (blocking).
+
+    ``ldconfig``: the host's static ldconfig (never one from the image).
+    ``timeout``: seconds for everything, fork to reap. ``on_report`` gets what
+    was done and the per-step timings of a success.
+    Raises ``StartError`` naming ``work.container`` and the failed step.
+    """
+    deadline = time.monotonic() + timeout
+    child, fd = _spawn(pid, work, ldconfig, deadline)
+    try:
+        data, timed_out = _read_until_eof(fd, deadline)
+    except BaseException:
+        _reap(child, kill=True)
+        raise
+    finally:
+        os.close(fd)
+    status = _reap(child, kill=timed_out)
+    report = _outcome(work, data, status, timed_out, timeout)
+    if on_report is not None:
+        on_report(report)
+
+
+async def run_start_async(
+    pid: int,
+    work: StartWork,
+    *,
+    ldconfig: str = DEFAULT_LDCONFIG,
+    timeout: float = DEFAULT_TIMEOUT,
+    on_report: Reporter | None = None,
+) -> None:
+    """``run_start`` without blocking the event loop: the result pipe is watched by
+    the loop. A cancelled call kills the worker. Raises ``StartError``."""
+    loop = asyncio.get_running_loop()
+    deadline = time.monotonic() + timeout
+    child, fd = _spawn(pid, work, ldconfig, deadline)
+    os.set_blocking(fd, False)
+    data = bytearray()
+    eof: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if chunk:
+            data.extend(chunk)
+        elif not eof.done():
+            eof.set_result(None)
+
+    loop.add_reader(fd, readable)
+    timed_out = False
+    try:
+        try:
+            await asyncio.wait_for(eof, max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            timed_out = True
+    except BaseException:  # cancelled: the worker must not outlive the request
+        loop.remove_reader(fd)
+        os.close(fd)
+        _reap(child, kill=True)
+        raise
+    loop.remove_reader(fd)
+    os.close(fd)
+    # EOF means the worker closed the pipe by exiting: the wait is immediate.
+    status = _reap(child, kill=timed_out)
+    report = _outcome(work, bytes(data), status, timed_out, timeout)
+    if on_report is not None:
+        on_report(report)
+
+
+def find_init_pid(cgroups_path: str, cgroup_root: str = "/sys/fs/cgroup", *, container: str = "") -> int:
+    """The one process in the container's cgroup, for runtimes that report pid 0.
+
+    ``cgroups_path``: the OCI ``linux.cgroupsPath`` (``/parent/id`` or
+    ``slice:prefix:name``). Looks in the unified hierarchy, then the v1
+    controllers. Raises ``StartError`` (step "find init pid").
+    """
+    try:
+        relative = cgroup.relative_path(cgroups_path)
+    except ValueError as exc:
+        raise StartError(container, "find init pid", str(exc)) from exc
+    for sub in ("", *_V1_CONTROLLERS):
+        path = os.path.join(cgroup_root, sub, relative, "cgroup.procs")
+        try:
+            with open(path, encoding="ascii") as f:
+                pids = [int(word) for word in f.read().split()]
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except (OSError, ValueError) as exc:
+            raise StartError(container, "find init pid", f"{path}: {exc}") from exc
+        if len(pids) != 1:
+            found = ", ".join(map(str, pids)) or "none"
+            raise StartError(container, "find init pid", f"{path}: expected exactly one process, found {found}")
+        return pids[0]
+    raise StartError(container, "find init pid", f"no cgroup.procs for {cgroups_path!r} under {cgroup_root}")
+
+
+# --------------------------------------------------------------------------- parent side
+
+
+def _spawn(pid: int, work: StartWork, ldconfig: str, deadline: float) -> tuple[int, int]:
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            os.close(read_end)
+            _worker(write_end, pid, work, ldconfig, deadline)
+        finally:
+            os._exit(70)
+    os.close(write_end)
+    return child, read_end
+
+
+def _read_until_eof(fd: int, deadline: float) -> tuple[bytes, bool]:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    data = bytearray()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return bytes(data), True
+        if not poller.poll(max(1, int(left * 1000))):
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return bytes(data), False
+        data.extend(chunk)
+
+
+def _reap(child: int, *, kill: bool) -> int | None:
+    """Wait for the worker (killing it first if asked); its status, None if reaped elsewhere."""
+    if kill:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        return os.waitpid(child, 0)[1]
+    except ChildProcessError:  # an event loop's child watcher got it first
+        return None
+
+
+def _outcome(work: StartWork, data: bytes, status: int | None, timed_out: bool, timeout: float) -> StartReport:
+    messages: list[dict[str, Any]] = []
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            message = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(message, dict):
+            messages.append(message)
+    last_step = next((str(m["step"]) for m in reversed(messages) if "ok" not in m and "step" in m), "start")
+    result = next((m for m in messages if "ok" in m), None)
+    if timed_out and result is None:
+        raise StartError(work.container, last_step, f"not finished after {timeout:g} s; the worker was killed")
+    if result is None:
+        raise StartError(work.container, last_step, f"the worker ended without a result ({_describe(status)})")
+    if not result.get("ok"):
+        raise StartError(work.container, str(result.get("step", last_step)), str(result.get("error", "failed")))
+    timings = {str(k): float(v) for k, v in dict(result.get("timings", {})).items()}
+    return StartReport(timings_ms=timings, procfs=str(result.get("procfs")), ldconfig_ran=bool(result.get("ldconfig")))
+
+
+def _describe(status: int | None) -> str:
+    if status is None:
+        return "exit status unknown"
+    code = os.waitstatus_to_exitcode(status)
+    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+class _NoImports(importlib.abc.MetaPathFinder):
+    """Refuse every import not already done: ``sys.path`` may now name the container's files."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        raise ImportError(f"the start worker may not import {fullname!r} (it runs inside the container)")
+
+
+def _worker(out: int, pid: int, work: StartWork, ldconfig: str, deadline: float) -> NoReturn:
+    try:
+        _detach_from_caller()
+
+        def progress(step: str) -> None:
+            _emit(out, {"step": step})
+
+        report = actions.perform(
+            pid, work, ldconfig_path=ldconfig, deadline=deadline - _REPORT_MARGIN, on_step=progress
+        )
+        _emit(out, {"ok": True, "timings": report.timings_ms, "procfs": report.procfs, "ldconfig": report.ldconfig_ran})
+    except actions.StepFailed as exc:
+        _emit(out, {"ok": False, "step": exc.step, "error": str(exc)})
+    except BaseException as exc:
+        _emit(out, {"ok": False, "step": "internal", "error": f"{type(exc).__name__}: {exc}"})
+    finally:
+        os._exit(0)
+
+
+def _detach_from_caller() -> None:
+    try:
+        signal.set_wakeup_fd(-1)  # the caller's event loop's fd: not ours to write to
+    except ValueError:
+        pass  # forked from a thread that is not the main one: there is no wake-up fd to clear
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    sys.meta_path.insert(0, _NoImports())
+
+
+def _emit(out: int, message: dict[str, Any]) -> None:
+    try:
+        os.write(out, json.dumps(message).encode() + b"\n")
+    except BaseException:
+        pass  # the caller is gone or killed us: nobody to tell

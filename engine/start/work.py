@@ -1,0 +1,97 @@
+"""What container start has to do inside the container, and what it reports.  (pure)
+
+The plan (computed at CreateContainer) decides *what*; ``StartWork`` carries the
+part of it that can only be done once the container's mount namespace exists
+(NRI StartContainer): hide the GPUs it did not get under ``/proc/driver/nvidia``,
+create the library symlinks, and make the dynamic loader find the libraries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.model import Plan, Symlink
+
+__all__ = ["PROC", "StartReport", "StartWork", "WorkError", "start_work"]
+
+PROC = "/proc"
+
+
+class WorkError(Exception):
+    """A start step cannot be done; the message names the path or value at fault.
+
+    Raised inside the worker process only; the runner turns it into a
+    ``StartError`` naming the container and the step.
+    """
+
+
+@dataclass(frozen=True)
+class StartWork:
+    """Everything the in-namespace worker needs, as plain values.
+
+    ``proc_source``: None on a real node, whose procfs is global: the
+    container's own ``/proc/driver/nvidia`` shows every GPU and is the source
+    of the restricted view. A host directory (a simulated node's
+    ``<proc_root>/driver/nvidia``) when the container's procfs has no driver:
+    that tree is carried into the container and restricted the same way.
+    """
+
+    container: str  # for messages: 'container "x" in pod "ns/p"'
+    visible_bus_ids: tuple[str, ...]
+    symlinks: tuple[Symlink, ...]
+    ldconfig_folders: tuple[str, ...]
+    proc_source: str | None = None
+
+    def __post_init__(self) -> None:
+        for bus in self.visible_bus_ids:
+            # Used as one path component under gpus/: anything else is a bug upstream.
+            if not bus or "/" in bus or bus in (".", "..") or "\0" in bus:
+                raise ValueError(f"bad bus id {bus!r}")
+        for path in (*(s.path for s in self.symlinks), *self.ldconfig_folders):
+            if not is_clean_absolute(path):
+                raise ValueError(f"{path!r} is not a clean absolute path")
+        if self.proc_source is not None and not is_clean_absolute(self.proc_source):
+            raise ValueError(f"proc_source {self.proc_source!r} is not a clean absolute path")
+
+
+def is_clean_absolute(path: str) -> bool:
+    """``/a/b``: absolute, no empty, ``.`` or ``..`` component, no NUL or newline."""
+    if not path.startswith("/") or "\0" in path or "\n" in path:
+        return False
+    parts = path.split("/")[1:]
+    return path == "/" or all(p not in ("", ".", "..") for p in parts)
+
+
+def start_work(plan: Plan, container: str, proc_root: str) -> StartWork:
+    """The start-time part of ``plan``; ``proc_root`` is the engine's procfs root.
+
+    >>> start_work(Plan(visible_bus_ids=("0000:07:00.0",)), 'container "c"', "/proc").proc_source is None
+    True
+    >>> start_work(Plan(), 'container "c"', "/sim/proc").proc_source
+    '/sim/proc/driver/nvidia'
+    """
+    root = proc_root.rstrip("/") or "/"
+    return StartWork(
+        container=container,
+        visible_bus_ids=plan.visible_bus_ids,
+        symlinks=plan.symlinks,
+        ldconfig_folders=plan.ldconfig_folders,
+        proc_source=None if root == PROC else f"{root}/driver/nvidia",
+    )
+
+
+@dataclass(frozen=True)
+class StartReport:
+    """What a successful start did, and what was skipped as already done.
+
+    ``timings_ms``: milliseconds per step as measured in the worker (fork and
+    reap excluded): ``enter`` (includes the host-side part of the next steps,
+    also counted under their own names), ``procfs isolation``, ``read-only
+    root``, ``symlinks``, ``ld.so.conf``, ``ldconfig`` (the check, and the run
+    if any), ``ldconfig process`` (the ldconfig process alone, fork to reap,
+    when it ran) and ``total``.
+    """
+
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    procfs: str = "skipped"  # "created", "kept" (an identical view was there) or "skipped" (nothing to hide)
+    ldconfig_ran: bool = False

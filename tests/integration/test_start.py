@@ -1,0 +1,694 @@
+"""The container-start engine on real containers: runc-created, acted on, then started.
+
+Each test makes a container with ``runc create`` (the state containerd leaves a
+container in when it sends NRI StartContainer), runs ``engine.start`` on its init
+pid, then starts it: the container's own process prints what it sees. Host-side
+reads through the container's overlay (``Container.rootfs``) are for assertions
+only. The GPU node is simulated (``tests.testbed.gpunode``): real NVIDIA 550.163.01
+libraries, a fake procfs, so the procfs view's source is a host directory; one
+test mounts that directory over the container's ``/proc/driver`` first to take the
+real-node path (the container's own ``/proc/driver/nvidia`` as the source).
+
+Needs root (namespaces, mounts, runc); skipped with the reason otherwise.
+``NRI_GPU_E2E_REQUIRE=1`` turns the skips into failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shutil
+import subprocess
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.discover import discover
+from engine.errors import StartError
+from engine.ldcache import parse_ld_so_cache
+from engine.model import Plan, Symlink
+from engine.plan import plan as make_plan
+from engine.request import ContainerInfo, parse_request
+from engine.start import StartReport, StartWork, find_init_pid, run_start, run_start_async, runner, start_work, syscalls
+from engine.start.rootdir import RootDir
+from tests.testbed import debs
+from tests.testbed.bundle import Container, RuncHost, busybox_rootfs
+from tests.testbed.gpunode import SimNode, build_node
+
+WHO = 'container "main" in pod "ns/p"'
+LIB = "/usr/lib/x86_64-linux-gnu"
+SHOW = (
+    "echo gpus: $(ls /proc/driver/nvidia/gpus); grep ModifyDeviceFiles /proc/driver/nvidia/params; "
+    f"cat /proc/driver/nvidia/version | head -1; readlink {LIB}/libcuda.so.1; readlink {LIB}/libnvidia-ml.so; "
+    "touch /proc/driver/nvidia/x 2>&1 | sed 's/.*: //'"
+)
+
+
+def _cannot_run(reason: str) -> None:
+    if os.environ.get("NRI_GPU_E2E_REQUIRE") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
+    if os.geteuid() != 0:
+        _cannot_run("needs root: namespaces, mounts and runc")
+    return build_node(tmp_path_factory.mktemp("node"), gpus=4)
+
+
+@pytest.fixture(scope="module")
+def plan(node: SimNode) -> Plan:
+    config = EngineConfig(driver_root=str(node.driver_root), dev_root=str(node.dev_root), proc_root=str(node.proc_root))
+    inventory = discover(config, cuda_version=lambda path: ("12.4", None))
+    outcome = parse_request(
+        ContainerInfo(name="main", pod_annotations={"nvidia.com/gpus": "0,2"}, env={}), config.policy
+    )
+    assert outcome.request is not None
+    return make_plan(outcome.request, inventory, config)
+
+
+@pytest.fixture(scope="module")
+def work(plan: Plan, node: SimNode) -> StartWork:
+    return start_work(plan, WHO, str(node.proc_root))
+
+
+@pytest.fixture(scope="module")
+def runc(tmp_path_factory: pytest.TempPathFactory, node: SimNode) -> Iterator[RuncHost]:
+    try:
+        host = RuncHost(tmp_path_factory.mktemp("runc"))
+    except debs.DebUnavailable as exc:
+        _cannot_run(f"runc cannot be fetched: {exc}")
+    try:
+        yield host
+    finally:
+        host.close()
+
+
+@pytest.fixture(scope="module")
+def gcc() -> str:
+    found = shutil.which("gcc")
+    if found is None:
+        _cannot_run("needs gcc to build the test's preload library and static sleeper")
+    assert found is not None
+    return found
+
+
+def gpu_container(runc: RuncHost, plan: Plan, args: str = SHOW, **kw: object) -> Container:
+    binds = [(m.source, m.destination) for m in plan.mounts]
+    return runc.create("gpu", ["sh", "-c", args], binds=binds, **kw)  # type: ignore[arg-type]
+
+
+def start(pid: int, work: StartWork, **kw: object) -> StartReport:
+    reports: list[StartReport] = []
+    run_start(pid, work, on_report=reports.append, **kw)  # type: ignore[arg-type]
+    assert len(reports) == 1
+    return reports[0]
+
+
+def cache_paths(c: Container) -> dict[str, str]:
+    entries = parse_ld_so_cache((c.rootfs / "etc/ld.so.cache").read_bytes())
+    return {e.name: e.path for e in entries if e.is_64bit}
+
+
+def mounts(pid: int) -> list[list[str]]:
+    return [line.split() for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines()]
+
+
+def root_options(pid: int) -> set[str]:
+    return {opt for m in mounts(pid) if m[4] == "/" for opt in m[5].split(",")}
+
+
+def tree_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        h.update(str(p.relative_to(path)).encode())
+        if p.is_symlink():
+            h.update(os.readlink(p).encode())
+        elif p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture
+def bait(tmp_path: Path) -> Path:
+    """A host directory an escape would write into; hashed before and after."""
+    d = tmp_path / "bait"
+    (d / "ld.so.conf.d").mkdir(parents=True)
+    (d / "ld.so.conf.d/host.conf").write_text("/host/only\n")
+    (d / "ld.so.cache").write_bytes(b"host cache\n")
+    return d
+
+
+# --------------------------------------------------------------------------- the work itself
+
+
+def test_the_container_sees_its_gpus_libraries_and_cache(
+    runc: RuncHost, plan: Plan, work: StartWork, node: SimNode
+) -> None:
+    c = gpu_container(runc, plan)
+    report = start(c.pid, work)
+    assert report.procfs == "created" and report.ldconfig_ran
+    out = c.run().splitlines()
+    kept = sorted(g.bus_id for g in node.gpus if g.index in (0, 2))
+    assert out[0] == "gpus: " + " ".join(kept)
+    assert out[1] == "ModifyDeviceFiles: 0"
+    assert out[2] == (node.proc_root / "driver/nvidia/version").read_text().splitlines()[0]
+    assert out[3:5] == ["libcuda.so.550.163.01", "libnvidia-ml.so.1"]
+    assert out[5] == "Read-only file system"
+    assert cache_paths(c)["libcuda.so.1"] == f"{LIB}/libcuda.so.1"
+    assert cache_paths(c)["libnvidia-ml.so.1"] == f"{LIB}/libnvidia-ml.so.1"
+    conf = (c.rootfs / "etc/ld.so.conf.d/00-nri-gpu.conf").read_text()
+    assert conf.splitlines()[1:] == [LIB]
+    assert (c.rootfs / "etc/ld.so.conf").read_text() == "include /etc/ld.so.conf.d/*.conf\n"
+
+
+def test_the_view_is_a_locked_tmpfs(runc: RuncHost, plan: Plan, work: StartWork) -> None:
+    c = gpu_container(runc, plan, "true")
+    start(c.pid, work)
+    view = [m for m in mounts(c.pid) if m[4] == "/proc/driver"]
+    assert len(view) == 1 and view[0][-3:-1] == ["tmpfs", "nri-gpu"], view
+    assert {"ro", "nosuid", "nodev", "noexec"} <= set(view[0][5].split(","))
+    binds = [m for m in mounts(c.pid) if m[4].startswith("/proc/driver/nvidia/gpus/")]
+    assert sorted(m[4].rsplit("/", 1)[1] for m in binds) == sorted(work.visible_bus_ids)
+    for m in binds:
+        assert {"ro", "nosuid", "nodev", "noexec"} <= set(m[5].split(",")), m
+    # Host files are never touched: the view holds copies.
+    assert "ModifyDeviceFiles: 1" in Path(str(work.proc_source), "params").read_text()
+    # Nothing propagates: the view stays in the container's namespace, and the
+    # tmpfs that hid /proc from ldconfig stayed in ldconfig's private copy of it.
+    assert not [m for m in mounts(os.getpid()) if "nri-gpu" in m]
+    assert [m[-3] for m in mounts(c.pid) if m[4] == "/proc"] == ["proc"]
+
+
+def test_a_second_run_changes_nothing(runc: RuncHost, plan: Plan, work: StartWork) -> None:
+    c = gpu_container(runc, plan)
+    start(c.pid, work)
+    cache = (c.rootfs / "etc/ld.so.cache").stat()
+    again = start(c.pid, work)
+    assert (again.procfs, again.ldconfig_ran) == ("kept", False)
+    after = (c.rootfs / "etc/ld.so.cache").stat()
+    assert (after.st_ino, after.st_mtime_ns) == (cache.st_ino, cache.st_mtime_ns)
+    assert [m[4] for m in mounts(c.pid)].count("/proc/driver") == 1
+    assert c.run().splitlines()[1] == "ModifyDeviceFiles: 0"
+
+
+def test_other_gpus_replace_the_view(runc: RuncHost, plan: Plan, work: StartWork, node: SimNode) -> None:
+    c = gpu_container(runc, plan)
+    start(c.pid, work)
+    other = StartWork(WHO, (node.gpus[3].bus_id,), work.symlinks, work.ldconfig_folders, work.proc_source)
+    assert start(c.pid, other).procfs == "created"
+    assert [m[4] for m in mounts(c.pid)].count("/proc/driver") == 1
+    assert c.run().splitlines()[0] == f"gpus: {node.gpus[3].bus_id}"
+
+
+def test_no_gpu_hides_them_all(runc: RuncHost, plan: Plan, work: StartWork) -> None:
+    c = gpu_container(runc, plan)
+    start(c.pid, StartWork(WHO, (), work.symlinks, work.ldconfig_folders, work.proc_source))
+    assert c.run().splitlines()[:2] == ["gpus:", "ModifyDeviceFiles: 0"]
+
+
+def _attach(pid: int, host_dir: Path, container_dir: str) -> None:
+    """Bind a host directory over a container directory from inside its namespace."""
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            tree = syscalls.open_tree(
+                syscalls.AT_FDCWD, str(host_dir), syscalls.OPEN_TREE_CLONE | syscalls.AT_RECURSIVE
+            )
+            syscalls.unshare(syscalls.CLONE_FS)  # at-fork handlers may have started threads (see actions)
+            syscalls.setns(os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY), syscalls.CLONE_NEWNS)
+            target = RootDir.current().opendir(container_dir)
+            syscalls.move_mount(
+                tree, "", target, "", syscalls.MOVE_MOUNT_F_EMPTY_PATH | syscalls.MOVE_MOUNT_T_EMPTY_PATH
+            )
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    assert os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) == 0
+
+
+def test_the_containers_own_driver_tree_is_the_source_on_a_real_node(
+    runc: RuncHost, plan: Plan, work: StartWork, node: SimNode
+) -> None:
+    c = gpu_container(runc, plan, SHOW + "; echo $(ls /proc/driver)")
+    _attach(c.pid, node.proc_root / "driver", "/proc/driver")  # now it looks like a node with a driver
+    real = StartWork(WHO, work.visible_bus_ids, work.symlinks, work.ldconfig_folders, None)
+    assert start(c.pid, real).procfs == "created"
+    assert start(c.pid, real).procfs == "kept"
+    assert [m[4] for m in mounts(c.pid)].count("/proc/driver/nvidia") == 1
+    out = c.run().splitlines()
+    assert out[0] == "gpus: " + " ".join(work.visible_bus_ids)
+    assert out[1] == "ModifyDeviceFiles: 0"
+    assert out[-1].split() == ["nvidia", "nvidia-caps"]  # the view covers driver/nvidia only
+
+
+def test_a_read_only_root_stays_read_only(runc: RuncHost, plan: Plan, work: StartWork) -> None:
+    c = gpu_container(runc, plan, SHOW + "; touch /x 2>&1 | sed 's/.*: //'", readonly=True)
+    assert "ro" in root_options(c.pid)
+    start(c.pid, work)
+    assert "ro" in root_options(c.pid)
+    out = c.run().splitlines()
+    assert out[3] == "libcuda.so.550.163.01" and out[-1] == "Read-only file system"
+    assert "libcuda.so.1" in cache_paths(c)
+
+
+def test_an_unknown_bus_id_is_named(runc: RuncHost, plan: Plan, work: StartWork) -> None:
+    c = gpu_container(runc, plan, "true")
+    bad = StartWork(WHO, ("0000:99:00.0",), work.symlinks, work.ldconfig_folders, work.proc_source)
+    with pytest.raises(StartError) as caught:
+        run_start(c.pid, bad)
+    assert str(caught.value) == f"{WHO}: procfs isolation: bus id 0000:99:00.0 is not on this node"
+    assert (caught.value.container, caught.value.step) == (WHO, "procfs isolation")
+
+
+# --------------------------------------------------------------------------- hostile images
+
+
+def _link(rootfs: Path, path: str, target: str) -> None:
+    where = rootfs / path.lstrip("/")
+    if where.is_dir() and not where.is_symlink():
+        shutil.rmtree(where)
+    else:
+        where.unlink(missing_ok=True)
+    where.parent.mkdir(parents=True, exist_ok=True)
+    where.symlink_to(target)
+
+
+def test_conf_dir_linked_to_a_host_path_that_the_image_lacks(
+    runc: RuncHost, plan: Plan, work: StartWork, bait: Path
+) -> None:
+    before = tree_hash(bait)
+    c = gpu_container(runc, plan, "true", prepare=lambda r: _link(r, "/etc/ld.so.conf.d", str(bait / "ld.so.conf.d")))
+    with pytest.raises(StartError, match=r"ld\.so\.conf: /etc/ld\.so\.conf\.d: a symlink to nowhere in the container"):
+        run_start(c.pid, work)
+    assert tree_hash(bait) == before
+
+
+def test_conf_dir_linked_to_a_host_path_writes_inside(runc: RuncHost, plan: Plan, work: StartWork, bait: Path) -> None:
+    def prepare(rootfs: Path) -> None:
+        _link(rootfs, "/etc/ld.so.conf.d", str(bait / "ld.so.conf.d"))
+        (rootfs / str(bait).lstrip("/") / "ld.so.conf.d").mkdir(parents=True)
+
+    before = tree_hash(bait)
+    c = gpu_container(runc, plan, "cat /etc/ld.so.conf.d/00-nri-gpu.conf", prepare=prepare)
+    start(c.pid, work)
+    assert tree_hash(bait) == before
+    inside = c.rootfs / str(bait).lstrip("/") / "ld.so.conf.d/00-nri-gpu.conf"
+    assert inside.read_text().splitlines()[1:] == [LIB]
+    assert "libcuda.so.1" in cache_paths(c)  # ldconfig read it there too
+
+
+def test_cache_linked_to_a_host_file(runc: RuncHost, plan: Plan, work: StartWork, bait: Path) -> None:
+    def prepare(rootfs: Path) -> None:
+        _link(rootfs, "/etc/ld.so.cache", str(bait / "ld.so.cache"))
+        _link(rootfs, "/etc/ld.so.cache~", str(bait / "ld.so.cache"))  # ldconfig's own temporary name
+
+    before = tree_hash(bait)
+    c = gpu_container(runc, plan, "true", prepare=prepare)
+    start(c.pid, work)
+    assert tree_hash(bait) == before
+    assert not (c.rootfs / "etc/ld.so.cache").is_symlink()  # the new cache was renamed over the link
+    assert "libcuda.so.1" in cache_paths(c)
+
+
+def test_cache_linked_through_a_magic_link_to_a_host_file(runc: RuncHost, plan: Plan, work: StartWork) -> None:
+    # runc 1.1.5's init holds the container's stdout as fd 1, a HOST file: /proc/1/fd/1
+    # in the container is a real way out (the class of CVE-2024-21626).
+    c = gpu_container(runc, plan, "true", prepare=lambda r: _link(r, "/etc/ld.so.cache", "/proc/1/fd/1"))
+    assert Path(f"/proc/{c.pid}/fd/1").resolve() == c.bundle / "stdout"
+    start(c.pid, work)
+    assert (c.bundle / "stdout").read_bytes() == b""
+    assert "libcuda.so.1" in cache_paths(c)
+
+
+@pytest.mark.parametrize(
+    ("path", "target", "step"),
+    [
+        ("/etc/ld.so.conf.d", "/proc/1/root/tmp", "ld.so.conf"),
+        ("/etc", "/proc/1/cwd/etc", "ld.so.conf"),
+        ("/opt/nvidia", "/proc/1/fd/1/..", "symlinks"),
+    ],
+    ids=["conf-dir", "etc", "link-folder"],
+)
+def test_magic_links_are_refused(
+    runc: RuncHost, plan: Plan, work: StartWork, bait: Path, path: str, target: str, step: str
+) -> None:
+    before = tree_hash(bait)
+    c = gpu_container(runc, plan, "true", prepare=lambda r: _link(r, path, target))
+    hostile = StartWork(
+        WHO,
+        (),
+        (*work.symlinks, Symlink("/opt/nvidia/libx.so.1", "libx.so.1.0")),
+        work.ldconfig_folders,
+        work.proc_source,
+    )
+    with pytest.raises(StartError) as caught:
+        run_start(c.pid, hostile)
+    assert caught.value.step == step
+    # Refused either for crossing into the /proc mount or for the magic link itself.
+    message = str(caught.value)
+    assert "refused: " in message and f": {path}" in message, message
+    assert tree_hash(bait) == before
+    assert (c.bundle / "stdout").read_bytes() == b""
+
+
+@pytest.fixture
+def volume(tmp_path: Path) -> Path:
+    """A root-owned host folder (a hostPath) mounted read-write at /data."""
+    d = tmp_path / "volume"
+    d.mkdir(mode=0o755)
+    (d / "data.txt").write_text("the volume's own\n")
+    return d
+
+
+def test_conf_dir_linked_into_a_volume_is_refused(runc: RuncHost, plan: Plan, work: StartWork, volume: Path) -> None:
+    before = tree_hash(volume)
+    c = gpu_container(
+        runc, plan, "true", volumes=[(str(volume), "/data")], prepare=lambda r: _link(r, "/etc/ld.so.conf.d", "/data")
+    )
+    with pytest.raises(
+        StartError,
+        match=r"ld\.so\.conf: /etc/ld\.so\.conf\.d: refused: it leads out of the container's root file system",
+    ):
+        run_start(c.pid, work)
+    assert tree_hash(volume) == before
+
+
+def test_ldconfig_plants_no_link_and_no_aux_cache_in_a_volume(
+    runc: RuncHost, plan: Plan, work: StartWork, volume: Path, gcc: str, tmp_path: Path
+) -> None:
+    # glibc's ldconfig takes a SONAME with "/" as it is: run as root without -X it
+    # would make /opt/evil/../../data/planted, in the volume; and it saves its aux
+    # cache under /var/cache/ldconfig whatever -C says.
+    (tmp_path / "evil.c").write_text("int nri_gpu_evil;\n")
+    lib = tmp_path / "libevil.so.1.0"
+    subprocess.run(
+        [gcc, "-shared", "-fPIC", "-Wl,-soname,../../data/planted", "-o", str(lib), str(tmp_path / "evil.c")],
+        check=True,
+    )
+
+    def prepare(rootfs: Path) -> None:
+        (rootfs / "opt/evil").mkdir(parents=True)
+        shutil.copy(lib, rootfs / "opt/evil/libevil.so.1.0")
+        (rootfs / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
+        (rootfs / "etc/ld.so.conf.d/zz-evil.conf").write_text("/opt/evil\n")
+        (rootfs / "var/cache").mkdir(parents=True, exist_ok=True)
+        (rootfs / "var/cache/ldconfig").symlink_to("/data")
+
+    before = tree_hash(volume)
+    c = gpu_container(runc, plan, "true", volumes=[(str(volume), "/data")], prepare=prepare)
+    start(c.pid, work)
+    assert tree_hash(volume) == before
+    assert not (c.rootfs / "opt/evil/planted").is_symlink()
+    entries = cache_paths(c)
+    assert entries["libcuda.so.1"] == f"{LIB}/libcuda.so.1"
+    assert entries["../../data/planted"] == "/opt/evil/../../data/planted"  # listed, as glibc would; not made
+
+
+_MARK_C = r"""
+#include <fcntl.h>
+#include <unistd.h>
+__attribute__((constructor)) static void mark(void) {
+    int fd = open("/tmp/preload-mark", O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) { write(fd, "loaded\n", 7); close(fd); }
+}
+"""
+
+
+def test_the_image_env_and_its_own_ldconfig_never_run(
+    runc: RuncHost, plan: Plan, work: StartWork, gcc: str, tmp_path: Path
+) -> None:
+    (tmp_path / "mark.c").write_text(_MARK_C)
+    subprocess.run([gcc, "-shared", "-fPIC", "-o", str(tmp_path / "libmark.so"), str(tmp_path / "mark.c")], check=True)
+
+    def prepare(rootfs: Path) -> None:
+        shutil.copy(tmp_path / "libmark.so", rootfs / "lib/libmark.so")
+        (rootfs / "etc/ld.so.preload").write_text("/lib/libmark.so\n")
+        (rootfs / "sbin/ldconfig").unlink()
+        (rootfs / "sbin/ldconfig").write_text("#!/bin/sh\necho image-ldconfig >> /tmp/preload-mark\n")
+        os.chmod(rootfs / "sbin/ldconfig", 0o755)
+
+    env = ["LD_PRELOAD=/lib/libmark.so:/proc/self/cwd/lib/libmark.so", "LD_LIBRARY_PATH=/evil"]
+    c = gpu_container(
+        runc, plan, "getconf PAGESIZE >/dev/null; cat /tmp/preload-mark", glibc=True, env=env, prepare=prepare
+    )
+    start(c.pid, work)
+    assert not (c.rootfs / "tmp/preload-mark").exists()
+    assert not Path("/tmp/preload-mark").exists()
+    assert "libcuda.so.1" in cache_paths(c)
+    # Control: the trap is live for a dynamic program the container runs itself.
+    assert c.run().splitlines() == ["loaded"]
+
+
+_PROBE_C = r"""
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <linux/capability.h>
+extern char **environ;
+int main(int argc, char **argv) {
+    struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct d[2];
+    struct rlimit cpu, fsize;
+    int envc = 0, procs = 0;
+    char cwd[256];
+    DIR *proc = opendir("/proc");
+    struct dirent *e;
+    while (proc && (e = readdir(proc)))
+        procs += e->d_name[0] != '.';
+    if (proc)
+        closedir(proc);
+    while (environ[envc]) envc++;
+    syscall(SYS_capget, &h, d);
+    getrlimit(RLIMIT_CPU, &cpu);
+    getrlimit(RLIMIT_FSIZE, &fsize);
+    printf("argv=");
+    for (int i = 0; i < argc; i++)
+        printf("%s%s", i ? "," : "", argv[i]);
+    printf(" uid=%d gid=%d groups=%d", (int)getuid(), (int)getgid(), getgroups(0, NULL));
+    printf(" env=%d pid=%d ppid=%d caps=%x:%x nnp=%d cpu=%ld fsize=%ld proc=%d cwd=%s open=%d\n",
+           envc, getpid(), getppid(), d[1].effective | d[1].permitted, d[0].effective | d[0].permitted,
+           prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0), (long)cpu.rlim_cur, (long)fsize.rlim_cur, procs,
+           getcwd(cwd, sizeof cwd), (int)(fcntl(3, F_GETFD) >= 0));
+    return 1;
+}
+"""
+
+
+def test_ldconfig_runs_confined(runc: RuncHost, plan: Plan, work: StartWork, gcc: str, tmp_path: Path) -> None:
+    """A probe in ldconfig's place reports its situation (and fails, so the report is its output)."""
+    (tmp_path / "probe.c").write_text(_PROBE_C)
+    subprocess.run([gcc, "-static", "-O", "-o", str(tmp_path / "probe"), str(tmp_path / "probe.c")], check=True)
+    c = gpu_container(runc, plan, "true", env=["LD_PRELOAD=/x.so"])
+    with pytest.raises(StartError) as caught:
+        run_start(c.pid, work, ldconfig=str(tmp_path / "probe"))
+    report = dict(item.split("=", 1) for item in str(caught.value).rsplit(": ", 1)[1].split())
+    assert report["argv"] == "ldconfig,-X,-i,-f,/etc/ld.so.conf,-C,/proc/ld.so.cache"
+    assert (report["uid"], report["gid"], report["groups"]) == ("65534", "65534", "0")  # nobody
+    assert report["env"] == "0"  # no environment at all: no LD_PRELOAD of the image's
+    assert int(report["pid"]) < 10 and report["ppid"] == "0"  # in the container's pid namespace
+    assert report["caps"] == "0:0" and report["nnp"] == "1"
+    assert (report["cpu"], report["fsize"]) == ("10", str(64 << 20))
+    assert report["proc"] == "0"  # /proc is our empty output tmpfs: no magic link to climb out through
+    assert report["cwd"] == "/" and report["open"] == "0"  # nothing of the plugin's open
+
+
+def test_a_dynamic_ldconfig_is_refused(runc: RuncHost, plan: Plan, work: StartWork) -> None:
+    dynamic = shutil.which("true")
+    assert dynamic is not None
+    c = gpu_container(runc, plan, "true")
+    with pytest.raises(StartError, match=r"ldconfig: .* is dynamically linked \(interpreter /lib64/ld-linux"):
+        run_start(c.pid, work, ldconfig=os.path.realpath(dynamic))
+
+
+def test_a_failing_ldconfig_is_reported_with_its_output(
+    runc: RuncHost, plan: Plan, work: StartWork, tmp_path: Path
+) -> None:
+    busybox = tmp_path / "busybox"  # static; run as "ldconfig" it has no such applet
+    shutil.copy(busybox_rootfs() / "bin/busybox", busybox)
+    c = gpu_container(runc, plan, "true", readonly=True)
+    with pytest.raises(StartError, match=r"ldconfig: .*busybox exited with status 127: ldconfig: applet not found"):
+        run_start(c.pid, work, ldconfig=str(busybox))
+    assert "ro" in root_options(c.pid)  # made read-only again on failure
+
+
+@pytest.fixture(scope="module")
+def sleeper(gcc: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A static binary that sleeps whatever its arguments: an ldconfig that hangs."""
+    d = tmp_path_factory.mktemp("sleeper")
+    (d / "s.c").write_text("#include <unistd.h>\nint main(void) { for (;;) pause(); }\n")
+    subprocess.run([gcc, "-static", "-o", str(d / "sleeper"), str(d / "s.c")], check=True)
+    return d / "sleeper"
+
+
+def _running(exe: Path) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "exe") == str(exe):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def _gone(exe: Path, timeout: float = 2.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while _running(exe) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not _running(exe)
+
+
+def test_a_hanging_ldconfig_is_killed_by_the_worker(runc: RuncHost, plan: Plan, work: StartWork, sleeper: Path) -> None:
+    c = gpu_container(runc, plan, "true", readonly=True)
+    began = time.monotonic()
+    with pytest.raises(StartError, match=r"ldconfig: .*sleeper did not finish before the deadline and was killed"):
+        run_start(c.pid, work, ldconfig=str(sleeper), timeout=0.6)
+    assert time.monotonic() - began < 1.0
+    assert _gone(sleeper)
+    assert "ro" in root_options(c.pid)
+
+
+def test_a_worker_past_the_timeout_is_killed(
+    runc: RuncHost, plan: Plan, work: StartWork, sleeper: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner, "_REPORT_MARGIN", -10.0)  # the worker would wait on ldconfig for 10 s more
+    c = gpu_container(runc, plan, "true")
+    began = time.monotonic()
+    with pytest.raises(StartError, match=rf"^{WHO}: ldconfig: not finished after 0.5 s; the worker was killed$"):
+        run_start(c.pid, work, ldconfig=str(sleeper), timeout=0.5)
+    assert time.monotonic() - began < 1.0
+    assert _gone(sleeper)  # PR_SET_PDEATHSIG took ldconfig along
+
+
+def test_cancelling_the_async_call_kills_the_worker(runc: RuncHost, plan: Plan, work: StartWork, sleeper: Path) -> None:
+    c = gpu_container(runc, plan, "true")
+
+    async def cancel() -> None:
+        task = asyncio.ensure_future(run_start_async(c.pid, work, ldconfig=str(sleeper), timeout=5))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel())
+    assert _gone(sleeper)
+
+
+# --------------------------------------------------------------------------- the runner
+
+
+def test_async_keeps_the_loop_running(runc: RuncHost, plan: Plan, work: StartWork) -> None:
+    c = gpu_container(runc, plan, "true")
+    reports: list[StartReport] = []
+
+    async def main() -> int:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.001)
+                ticks += 1
+
+        tick = asyncio.ensure_future(ticker())
+        await run_start_async(c.pid, work, on_report=reports.append)
+        tick.cancel()
+        return ticks
+
+    assert asyncio.run(main()) >= 5
+    assert reports[0].procfs == "created" and reports[0].ldconfig_ran
+
+
+def test_find_init_pid_from_the_cgroup(runc: RuncHost, plan: Plan) -> None:
+    c = gpu_container(runc, plan, "true")
+    assert find_init_pid(c.cgroups_path) == c.pid
+    with pytest.raises(StartError, match=r"^find init pid: no cgroup.procs for '/nri-gpu-none/x'"):
+        find_init_pid("/nri-gpu-none/x")
+
+
+def test_the_plugins_own_namespace_is_refused(work: StartWork) -> None:
+    with pytest.raises(StartError, match=r"enter: process \d+ shares the plugin's mount namespace: not a container"):
+        run_start(os.getpid(), work)
+    with pytest.raises(StartError, match=r"enter: no container process \(pid 0\)"):
+        run_start(0, work)
+
+
+def test_timings(runc: RuncHost, plan: Plan, work: StartWork) -> None:
+    """Print the cost of a start (``-s`` to see it); generous bounds only."""
+    walls, reports = [], []
+    for _ in range(3):
+        c = gpu_container(runc, plan, "true")
+        began = time.perf_counter()
+        reports.append(start(c.pid, work))
+        walls.append((time.perf_counter() - began) * 1000)
+    ldconfig = sorted(r.timings_ms["ldconfig"] for r in reports)
+    print(f"\nstart work: wall {sorted(walls)} ms; ldconfig step {ldconfig} ms; steps {reports[-1].timings_ms}")
+    assert min(walls) < 500
+
+
+def test_stale_links_and_files_are_replaced_a_directory_is_not(runc: RuncHost, plan: Plan, work: StartWork) -> None:
+    def prepare(rootfs: Path) -> None:
+        lib = rootfs / LIB.lstrip("/")
+        lib.mkdir(parents=True)
+        (lib / "libcuda.so.1").symlink_to("libcuda.so.470.0")  # an older driver's link
+        (lib / "libnvidia-ml.so.1").write_bytes(b"a stub the image shipped")
+        (lib / "libcuda.so").mkdir()
+
+    c = gpu_container(runc, plan, "true", prepare=prepare)
+    with pytest.raises(
+        StartError, match=rf"symlinks: {LIB}/libcuda.so: a directory is in the way of the link to libcuda.so.1"
+    ):
+        run_start(c.pid, work)
+    (c.rootfs / LIB.lstrip("/") / "libcuda.so").rmdir()
+    start(c.pid, work)
+    lib = c.rootfs / LIB.lstrip("/")
+    assert os.readlink(lib / "libcuda.so.1") == "libcuda.so.550.163.01"
+    assert os.readlink(lib / "libnvidia-ml.so.1") == "libnvidia-ml.so.550.163.01"
+    assert not [p.name for p in lib.iterdir() if "nri-gpu-tmp" in p.name]
+
+
+def test_an_unfinished_view_is_replaced(runc: RuncHost, plan: Plan, work: StartWork, tmp_path: Path) -> None:
+    # What a worker killed halfway leaves: a view whose marker matches no work.
+    leftover = tmp_path / "leftover"
+    (leftover / "nvidia/gpus").mkdir(parents=True)
+    (leftover / ".nri-gpu-view").write_text("nri-gpu procfs view 1\nunfinished\n")
+    c = gpu_container(runc, plan)
+    _attach(c.pid, leftover, "/proc/driver")
+    assert start(c.pid, work).procfs == "created"
+    assert [m[4] for m in mounts(c.pid)].count("/proc/driver") == 1
+    assert c.run().splitlines()[0] == "gpus: " + " ".join(work.visible_bus_ids)
+
+
+def test_threads_started_by_an_at_fork_handler_do_not_stop_it(runc: RuncHost, plan: Plan, work: StartWork) -> None:
+    """Some libraries start threads in every forked child (gRPC does); a thread
+    sharing the worker's root and cwd would make the kernel refuse setns."""
+    import threading
+
+    active = [True]  # an at-fork handler cannot be unregistered: it goes inert after the test
+
+    def start_a_thread() -> None:
+        if active:
+            threading.Thread(target=time.sleep, args=(0.5,), daemon=True).start()
+
+    os.register_at_fork(after_in_child=start_a_thread)
+    try:
+        c = gpu_container(runc, plan)
+        assert start(c.pid, work).procfs == "created"
+        assert c.run().splitlines()[1] == "ModifyDeviceFiles: 0"
+    finally:
+        active.clear()

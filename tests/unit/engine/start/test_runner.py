@@ -1,0 +1,65 @@
+"""The runner's parts that need no container: result lines, the worker's import guard."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import pytest
+
+from engine.errors import StartError
+from engine.start import runner
+from engine.start.work import StartWork
+
+WORK = StartWork('container "c" in pod "ns/p"', (), (), ())
+
+
+def test_a_success_line_becomes_a_report() -> None:
+    data = b'{"step": "enter"}\n{"ok": true, "timings": {"total": 3.5}, "procfs": "created", "ldconfig": true}\n'
+    report = runner._outcome(WORK, data, 0, False, 1.5)
+    assert (report.timings_ms, report.procfs, report.ldconfig_ran) == ({"total": 3.5}, "created", True)
+
+
+def test_a_failure_line_names_container_and_step() -> None:
+    data = b'{"step": "enter"}\n{"step": "ldconfig"}\n{"ok": false, "step": "ldconfig", "error": "boom"}\n'
+    with pytest.raises(StartError) as caught:
+        runner._outcome(WORK, data, 0, False, 1.5)
+    assert str(caught.value) == 'container "c" in pod "ns/p": ldconfig: boom'
+    assert (caught.value.step, caught.value.error) == ("ldconfig", "boom")
+
+
+def test_a_killed_worker_is_reported_with_the_step_it_was_in() -> None:
+    with pytest.raises(
+        StartError, match=r'^container "c" in pod "ns/p": symlinks: not finished after 1.5 s; the worker was killed$'
+    ):
+        runner._outcome(WORK, b'{"step": "enter"}\n{"step": "symlinks"}\n', signal.SIGKILL, True, 1.5)
+
+
+def test_a_worker_that_died_without_a_word() -> None:
+    with pytest.raises(
+        StartError, match=r": procfs isolation: the worker ended without a result \(killed by SIGSEGV\)$"
+    ):
+        runner._outcome(WORK, b'{"step": "procfs isolation"}\ngarbage\n', signal.SIGSEGV, False, 1.5)
+
+
+def test_the_worker_refuses_imports_once_detached() -> None:
+    name = "this_module_is_not_loaded_yet_xyz"
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            runner._detach_from_caller()
+            already = "json" in sys.modules and __import__("json") is sys.modules["json"]
+            try:
+                __import__(name)
+                verdict = b"imported"
+            except ImportError as exc:
+                verdict = b"refused" if "may not import" in str(exc) and already else b"other"
+            os.write(write_end, verdict)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    assert os.read(read_end, 100) == b"refused"
+    os.waitpid(child, 0)
+    os.close(read_end)

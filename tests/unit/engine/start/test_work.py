@@ -1,0 +1,53 @@
+"""StartWork: what a plan leaves for container start, validated."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.model import Plan, Symlink
+from engine.start.work import StartWork, is_clean_absolute, start_work
+
+LINKS = (Symlink("/usr/lib/x86_64-linux-gnu/libcuda.so.1", "libcuda.so.550.163.01"),)
+
+
+def test_a_real_procfs_means_the_containers_own_driver_tree() -> None:
+    plan = Plan(visible_bus_ids=("0000:07:00.0",), symlinks=LINKS, ldconfig_folders=("/usr/lib/x86_64-linux-gnu",))
+    work = start_work(plan, 'container "c" in pod "ns/p"', "/proc")
+    assert work == StartWork(
+        'container "c" in pod "ns/p"', ("0000:07:00.0",), LINKS, ("/usr/lib/x86_64-linux-gnu",), None
+    )
+
+
+@pytest.mark.parametrize("proc_root", ["/sim/proc", "/sim/proc/"])
+def test_a_simulated_procfs_is_the_source_of_the_view(proc_root: str) -> None:
+    assert start_work(Plan(), "c", proc_root).proc_source == "/sim/proc/driver/nvidia"
+
+
+@pytest.mark.parametrize("bus", ["", "..", ".", "0000:07:00.0/..", "a\0b"])
+def test_a_bus_id_must_be_one_path_component(bus: str) -> None:
+    with pytest.raises(ValueError, match="bad bus id"):
+        StartWork("c", (bus,), (), ())
+
+
+@pytest.mark.parametrize(
+    ("path", "clean"),
+    [
+        ("/usr/lib", True),
+        ("/", True),
+        ("usr/lib", False),
+        ("/usr//lib", False),
+        ("/usr/lib/", False),
+        ("/usr/../etc", False),
+        ("/usr/./lib", False),
+        ("/a\nb", False),
+    ],
+)
+def test_clean_absolute_paths(path: str, clean: bool) -> None:
+    assert is_clean_absolute(path) is clean
+
+
+def test_link_and_folder_paths_are_checked() -> None:
+    with pytest.raises(ValueError, match="clean absolute"):
+        StartWork("c", (), (Symlink("/usr/lib/../../etc/x", "y"),), ())
+    with pytest.raises(ValueError, match="clean absolute"):
+        StartWork("c", (), (), ("lib",))
