@@ -19,6 +19,8 @@ from engine.errors import EngineError
 from engine.model import Plan
 from engine.plan import plan as make_plan
 from engine.request import parse_request
+from engine.start.runner import find_init_pid, run_start_async
+from engine.start.work import start_work
 from plugin._proto import nri_pb2 as api
 from plugin.adjustment import to_adjustment
 from plugin.errors import PluginError
@@ -26,15 +28,22 @@ from plugin.request import container_info, describe, may_request
 
 logger = logging.getLogger(__name__)
 
-StartHook = Callable[[api.PodSandbox, api.Container, Plan], Awaitable[None]]
+Starter = Callable[..., Awaitable[None]]
 
 
 class GpuPlugin:
     """Event handlers of nri-gpu; the stub subscribes to exactly the methods defined here."""
 
-    def __init__(self, config: EngineConfig, inventory: InventoryCache | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        inventory: InventoryCache | None = None,
+        *,
+        starter: Starter = run_start_async,
+    ) -> None:
         self._config = config
         self._inventory = inventory if inventory is not None else InventoryCache(config)
+        self._starter = starter
         # Plans made at CreateContainer, used at StartContainer; a miss (the plugin
         # restarted in between) is planned again from the same inputs.
         self._pending: dict[str, Plan] = {}
@@ -77,6 +86,28 @@ class GpuPlugin:
             (time.perf_counter() - began) * 1000,
         )
         return adjustment
+
+    async def start_container(self, pod: api.PodSandbox, container: api.Container) -> None:
+        """Finish a GPU container in its own mount namespace before its process runs."""
+        if not may_request(pod, container, self._config.policy):
+            return
+        began = time.perf_counter()
+        plan = self._pending.pop(container.id, None) or self._plan(pod, container)
+        if plan is None:
+            return
+        who = describe(pod, container)
+        try:
+            pid = container.pid or find_init_pid(container.linux.cgroups_path)
+            await self._starter(pid, start_work(plan, who, self._config.proc_root), ldconfig=self._config.ldconfig)
+        except EngineError as exc:
+            logger.warning("%s: start refused: %s", who, exc)
+            raise PluginError(str(exc)) from exc
+        logger.info(
+            "%s: started with GPUs %s (%.1f ms)",
+            who,
+            ",".join(g.bus_id for g in plan.gpus) or "none",
+            (time.perf_counter() - began) * 1000,
+        )
 
     async def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         self._pending.pop(container.id, None)

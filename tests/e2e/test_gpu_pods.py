@@ -136,3 +136,47 @@ def test_read_only_root_filesystem(testbed: Testbed, cri: CriClient, plugin: Nri
 def test_plugin_log_has_one_line_per_decision(plugin: NriGpuProcess, testbed: Testbed, cri: CriClient) -> None:
     run(cri, "logged", annotations={"nvidia.com/gpus": "2"})
     plugin.wait_for_log('container "main" in pod "default/logged": GPUs 2')
+
+
+# -- StartContainer: what only the container's own mount namespace can hold ------------
+
+
+def test_proc_shows_only_the_selected_gpus(
+    testbed: Testbed, cri: CriClient, plugin: NriGpuProcess, node: SimNode
+) -> None:
+    cid = run(cri, "procfs", annotations={"nvidia.com/gpus": "0,1"})
+    assert sh(cri, cid, "ls /proc/driver/nvidia/gpus").split() == sorted([node.gpus[0].bus_id, node.gpus[1].bus_id])
+    info = sh(cri, cid, f"cat /proc/driver/nvidia/gpus/{node.gpus[1].bus_id}/information")
+    assert node.gpus[1].uuid in info
+    assert "ModifyDeviceFiles: 0" in sh(cri, cid, "cat /proc/driver/nvidia/params")
+    assert "550.163.01" in sh(cri, cid, "cat /proc/driver/nvidia/version")
+
+
+def test_libraries_resolve_and_nvidia_smi_reaches_for_the_driver(
+    testbed: Testbed, cri: CriClient, plugin: NriGpuProcess
+) -> None:
+    cid = run(cri, "ldcache", annotations={"nvidia.com/gpus": "0"})
+    cache = sh(cri, cid, "ldconfig -p")
+    assert "libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1" in cache
+    assert "libnvidia-ml.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1" in cache
+    assert sh(cri, cid, "readlink /usr/lib/x86_64-linux-gnu/libcuda.so.1").strip() == "libcuda.so.550.163.01"
+    assert "/usr/lib/x86_64-linux-gnu" in sh(cri, cid, "cat /etc/ld.so.conf.d/00-nri-gpu.conf")
+    code, out, err = cri.exec_sync(cid, ["nvidia-smi"])
+    # Every library resolved: it gets as far as talking to the (absent) kernel driver.
+    assert code != 0 and "couldn't communicate with the NVIDIA driver" in out + err, out + err
+
+
+def test_driver_only_container_sees_no_gpu_in_proc(testbed: Testbed, cri: CriClient, plugin: NriGpuProcess) -> None:
+    cid = run(cri, "driver-only", env={"NVIDIA_VISIBLE_DEVICES": "none"})
+    assert sh(cri, cid, "ls /proc/driver/nvidia/gpus").split() == []
+    assert "libnvidia-ml.so.1" in sh(cri, cid, "ldconfig -p")
+
+
+def test_read_only_root_gets_the_same_start_work(
+    testbed: Testbed, cri: CriClient, plugin: NriGpuProcess, node: SimNode
+) -> None:
+    cid = run(cri, "read-only-start", annotations={"nvidia.com/gpus": "2"}, readonly_rootfs=True)
+    assert sh(cri, cid, "ls /proc/driver/nvidia/gpus").split() == [node.gpus[2].bus_id]
+    assert "libcuda.so.1" in sh(cri, cid, "ldconfig -p")
+    code, _, err = cri.exec_sync(cid, ["sh", "-c", "echo x > /etc/probe"])
+    assert code != 0 and "Read-only file system" in err  # and it is read-only again
