@@ -265,19 +265,28 @@ def _add_tree(layer: _Layer, root: Path) -> None:
             layer.file(rel, path.read_bytes(), path.stat().st_mode & 0o7777)
 
 
+def glibc_key() -> list[bytes]:
+    """Cache key parts of the glibc image's inputs (for images derived from it)."""
+    return [_busybox_binary().read_bytes(), *(str(debs.extract(*deb)).encode() for deb in _LIBC_DEBS)]
+
+
+def glibc_layer() -> _Layer:
+    """The glibc image's layer: the base of images derived from it (tests/testbed/hostile.py)."""
+    busybox = _busybox_binary()
+    layer = _base_layer(busybox.read_bytes(), _applets(busybox))
+    for deb in _LIBC_DEBS:
+        _add_tree(layer, debs.extract(*deb))
+    layer.file("etc/ld.so.conf", b"include /etc/ld.so.conf.d/*.conf\n")
+    return layer
+
+
 def glibc_image() -> Image:
     """busybox + Debian's libc6: a minimal image with a dynamic loader and ldconfig."""
-    busybox = _busybox_binary()
-    trees = [debs.extract(*deb) for deb in _LIBC_DEBS]
 
     def build(out: Path) -> tuple[str, str]:
-        layer = _base_layer(busybox.read_bytes(), _applets(busybox))
-        for tree in trees:
-            _add_tree(layer, tree)
-        layer.file("etc/ld.so.conf", b"include /etc/ld.so.conf.d/*.conf\n")
-        return GLIBC, _write_layout(out, GLIBC, layer, {"Env": [_PATH], "Cmd": ["sh"], "WorkingDir": "/"})
+        return GLIBC, _write_layout(out, GLIBC, glibc_layer(), {"Env": [_PATH], "Cmd": ["sh"], "WorkingDir": "/"})
 
-    return _cached_build("glibc", [busybox.read_bytes(), *(str(t).encode() for t in trees)], build)
+    return _cached_build("glibc", glibc_key(), build)
 
 
 def build_all() -> list[Image]:
