@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 
 from engine.config import EngineConfig
 from engine.discover import InventoryCache
-from engine.errors import EngineError
+from engine.errors import EngineError, StartError
 from engine.model import Plan
 from engine.plan import plan as make_plan
 from engine.request import parse_request
@@ -97,11 +97,18 @@ class GpuPlugin:
             return
         who = describe(pod, container)
         try:
-            pid = container.pid or find_init_pid(container.linux.cgroups_path)
-            await self._starter(pid, start_work(plan, who, self._config.proc_root), ldconfig=self._config.ldconfig)
+            pid = container.pid or find_init_pid(container.linux.cgroups_path, container=who)
+            await self._starter(
+                pid,
+                start_work(plan, who, self._config.proc_root),
+                ldconfig=self._config.ldconfig,
+                on_report=lambda report: logger.debug("%s: start steps (ms) %s", who, report.timings_ms),
+            )
         except EngineError as exc:
             logger.warning("%s: start refused: %s", who, exc)
-            raise PluginError(str(exc)) from exc
+            # The stub already names the container and pod; keep the step and cause.
+            reason = f"{exc.step}: {exc.error}" if isinstance(exc, StartError) else str(exc)
+            raise PluginError(reason) from exc
         logger.info(
             "%s: started with GPUs %s (%.1f ms)",
             who,
