@@ -127,20 +127,7 @@ def _attach(root: RootDir, point: str, mount: int) -> None:
 
 
 def _empty_tmpfs() -> int:
-    fs = syscalls.fsopen("tmpfs")
-    try:
-        for key, value in (("mode", "0555"), ("size", "4k"), ("nr_inodes", "1")):
-            syscalls.fsconfig(fs, syscalls.FSCONFIG_SET_STRING, key, value)
-        syscalls.fsconfig(fs, syscalls.FSCONFIG_CMD_CREATE)
-        flags = (
-            syscalls.MOUNT_ATTR_RDONLY
-            | syscalls.MOUNT_ATTR_NOSUID
-            | syscalls.MOUNT_ATTR_NODEV
-            | syscalls.MOUNT_ATTR_NOEXEC
-        )
-        return syscalls.fsmount(fs, flags)
-    finally:
-        os.close(fs)
+    return syscalls.new_tmpfs((("mode", "0555"), ("size", "4k"), ("nr_inodes", "1")), read_only=True)
 
 
 def _become_nobody() -> None:

@@ -222,16 +222,9 @@ def _install(root: RootDir, cache: bytes) -> None:
 
 def _output_tmpfs() -> int:
     """A detached tmpfs only ``nobody`` (ldconfig) can write: where its cache goes."""
-    fs = syscalls.fsopen("tmpfs")
-    try:
-        options = (("uid", str(confine.UID)), ("gid", str(confine.UID)), ("mode", "0700"), ("size", "64m"))
-        for key, value in (*options, ("nr_inodes", "16")):
-            syscalls.fsconfig(fs, syscalls.FSCONFIG_SET_STRING, key, value)
-        syscalls.fsconfig(fs, syscalls.FSCONFIG_CMD_CREATE)
-        flags = syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV | syscalls.MOUNT_ATTR_NOEXEC
-        return syscalls.fsmount(fs, flags)
-    finally:
-        os.close(fs)
+    owner = str(confine.UID)
+    options = (("uid", owner), ("gid", owner), ("mode", "0700"), ("size", "64m"), ("nr_inodes", "16"))
+    return syscalls.new_tmpfs(options)
 
 
 def _collect(fd: int, deadline: float) -> tuple[bytes, bool]:

@@ -191,15 +191,7 @@ def _clone_gpus(source: int, bus_ids: tuple[str, ...]) -> dict[str, int]:
 
 
 def _new_tmpfs() -> int:
-    fs = syscalls.fsopen("tmpfs")
-    try:
-        for key, value in (("source", "nri-gpu"), ("mode", "0555"), ("size", "4m"), ("nr_inodes", "4096")):
-            syscalls.fsconfig(fs, syscalls.FSCONFIG_SET_STRING, key, value)
-        syscalls.fsconfig(fs, syscalls.FSCONFIG_CMD_CREATE)
-        flags = syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV | syscalls.MOUNT_ATTR_NOEXEC
-        return syscalls.fsmount(fs, flags)
-    finally:
-        os.close(fs)
+    return syscalls.new_tmpfs((("source", "nri-gpu"), ("mode", "0555"), ("size", "4m"), ("nr_inodes", "4096")))
 
 
 def _build(

@@ -249,6 +249,19 @@ def fsmount(fsfd: int, attr_flags: int) -> int:
     )
 
 
+def new_tmpfs(options: tuple[tuple[str, str], ...], *, read_only: bool = False) -> int:
+    """A detached ``nosuid,nodev,noexec`` tmpfs mount with ``options`` (key, value), as an fd."""
+    fs = fsopen("tmpfs")
+    try:
+        for key, value in options:
+            fsconfig(fs, FSCONFIG_SET_STRING, key, value)
+        fsconfig(fs, FSCONFIG_CMD_CREATE)
+        flags = MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_NOEXEC | (MOUNT_ATTR_RDONLY if read_only else 0)
+        return fsmount(fs, flags)
+    finally:
+        os.close(fs)
+
+
 def mount_setattr(
     dirfd: int, path: str, flags: int, attr_set: int = 0, attr_clr: int = 0, propagation: int = 0
 ) -> None:
