@@ -1,7 +1,8 @@
 """``nri-gpu``: the command line. The only module that reads argv and the environment.
 
 Commands: ``run`` (the NRI plugin), ``info`` (what discovery finds on this node),
-``plan`` (what a container with the given env and pod annotations would get).
+``plan`` (what a container with the given env and pod annotations would get),
+``config default``, ``install`` and ``uninstall`` (node setup, in ``setup_cli``).
 """
 
 from __future__ import annotations
@@ -23,9 +24,22 @@ from engine.errors import EngineError
 from engine.plan import plan
 from engine.report import inventory_text, inventory_to_dict, plan_text, plan_to_dict
 from engine.request import ContainerInfo, parse_request
-from plugin.config import DEFAULT_INDEX, DEFAULT_NAME, DEFAULT_SOCKET, ConfigError, Settings, from_toml
+from plugin import setup_cli
+from plugin.config import (
+    DEFAULT_INDEX,
+    DEFAULT_METRICS_ADDRESS,
+    DEFAULT_NAME,
+    DEFAULT_SOCKET,
+    ConfigError,
+    Settings,
+    from_toml,
+    parse_address,
+)
 from plugin.errors import RegistrationError
 from plugin.handlers import GpuPlugin
+from plugin.httpd import StatusServer, stub_health
+from plugin.logfmt import make_formatter
+from plugin.metrics import PluginMetrics
 from plugin.stub import Stub
 
 logger = logging.getLogger("nri-gpu")
@@ -49,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--index", metavar="NN", help=f"two-digit plugin index, the order among plugins (default {DEFAULT_INDEX})"
     )
+    run.add_argument("--log-format", choices=("text", "json"), help="log lines as text or JSON objects (default text)")
+    run.add_argument(
+        "--metrics-address",
+        metavar="HOST:PORT",
+        help=f'where /healthz and /metrics listen, "" for nowhere (default {DEFAULT_METRICS_ADDRESS})',
+    )
     _add_common(run)
 
     info = commands.add_parser("info", help="show the node's GPUs, driver and libraries as discovery sees them")
@@ -65,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cmd.add_argument("--privileged", action="store_true", help="the container is privileged")
     plan_cmd.add_argument("--json", action="store_true", help="print JSON instead of text")
     _add_common(plan_cmd)
+    setup_cli.add_commands(commands)
     return parser
 
 
@@ -82,6 +103,8 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Setting
         name=getattr(args, "name", None),
         index=getattr(args, "index", None),
         log_level=args.log_level,
+        log_format=getattr(args, "log_format", None),
+        metrics_address=getattr(args, "metrics_address", None),
     )
     # A runtime-launched plugin is named by its file name (NN-name); the runtime
     # ignores what we would register with, so use the same to avoid confusion.
@@ -108,15 +131,36 @@ def preconnected_socket(environ: Mapping[str, str]) -> socket.socket | None:
 async def _run(settings: Settings, sock: socket.socket | None) -> None:
     config = settings.plugin
     # Discovery once, before connecting: the first request must not pay for it.
-    plugin = GpuPlugin(settings.engine)
-    stub = Stub(plugin, config, preconnected=sock)
+    metrics = PluginMetrics()
+    plugin = GpuPlugin(settings.engine, metrics=metrics)
+    stub = Stub(plugin, config, preconnected=sock, metrics=metrics)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stub.stop)
     where = f"fd {sock.fileno()}" if sock is not None else config.socket
     logger.info("nri-gpu %s-%s starting on %s", config.index, config.name, where)
-    await stub.run()
+    status = await _start_status_server(config.metrics_address, stub, metrics)
+    try:
+        await stub.run()
+    finally:
+        if status is not None:
+            await status.stop()
     logger.info("nri-gpu stopped")
+
+
+async def _start_status_server(address: str, stub: Stub, metrics: PluginMetrics) -> StatusServer | None:
+    """Serve /healthz and /metrics; a port that cannot be bound costs them, not the GPUs."""
+    if not address:
+        return None
+    host, port = parse_address(address)
+    server = StatusServer(stub_health(stub), metrics)
+    try:
+        await server.start(host, port)
+    except OSError as exc:
+        logger.error("cannot serve /healthz and /metrics on %s: %s; continuing without them", address, exc)
+        return None
+    logger.info("serving /healthz and /metrics on %s", address)
+    return server
 
 
 def _pairs(values: Sequence[str], flag: str) -> dict[str, str]:
@@ -174,6 +218,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return 2
         # Launched by the runtime from its plugin directory: no arguments at all.
         args = build_parser().parse_args(["run"])
+    if args.command in setup_cli.COMMANDS:
+        return setup_cli.main(args)
     try:
         settings = load_config(args, environ)
         sock = preconnected_socket(environ) if args.command == "run" else None
@@ -181,10 +227,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         print(f"nri-gpu: {exc}", file=sys.stderr)
         return 2
     default_level = settings.plugin.logging_level if args.command == "run" else logging.ERROR
+    log_handler = logging.StreamHandler(sys.stderr)
+    log_handler.setFormatter(make_formatter(settings.plugin.log_format if args.command == "run" else "text"))
     logging.basicConfig(
         level=logging.getLevelName(args.log_level.upper()) if args.log_level else default_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        handlers=[log_handler],
     )
     if args.command == "info":
         return _info(args, settings.engine)

@@ -28,6 +28,9 @@ DEFAULT_INDEX = "10"
 _NAME_RE = re.compile(r"[A-Za-z0-9._+-]+")
 _INDEX_RE = re.compile(r"[0-9]{2}")
 _LOG_LEVELS = ("debug", "info", "warning", "error")
+_LOG_FORMATS = ("text", "json")
+DEFAULT_METRICS_ADDRESS = "127.0.0.1:9402"
+_PORT_RE = re.compile(r"[0-9]{1,5}")
 
 
 class ConfigError(ValueError):
@@ -43,6 +46,11 @@ class PluginConfig:
     # Seconds between reconnect attempts grow from the first to the last value.
     reconnect_min: float = 0.05
     reconnect_max: float = 1.0
+    # "text" (one line per decision, words) or "json" (one object per line, with fields).
+    log_format: str = "text"
+    # host:port (or [v6]:port) of /healthz and /metrics; "" turns the server off.
+    # Loopback by default: it answers anyone who can reach it, without authentication.
+    metrics_address: str = DEFAULT_METRICS_ADDRESS
 
     def __post_init__(self) -> None:
         if not self.socket:
@@ -53,6 +61,10 @@ class PluginConfig:
             raise ConfigError(f"plugin.index: {self.index!r} must be exactly two digits, e.g. '10'")
         if self.log_level not in _LOG_LEVELS:
             raise ConfigError(f"plugin.log_level: {self.log_level!r} is not one of {', '.join(_LOG_LEVELS)}")
+        if self.log_format not in _LOG_FORMATS:
+            raise ConfigError(f"plugin.log_format: {self.log_format!r} is not one of {', '.join(_LOG_FORMATS)}")
+        if self.metrics_address:
+            parse_address(self.metrics_address, key="plugin.metrics_address")
         if not 0 < self.reconnect_min <= self.reconnect_max:
             raise ConfigError(
                 f"plugin.reconnect_min/max: need 0 < min <= max, got {self.reconnect_min}, {self.reconnect_max}"
@@ -74,7 +86,32 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "log_level": (str,),
     "reconnect_min": (int, float),
     "reconnect_max": (int, float),
+    "log_format": (str,),
+    "metrics_address": (str,),
 }
+
+
+def parse_address(text: str, *, key: str = "address") -> tuple[str, int]:
+    """``"127.0.0.1:9402"`` -> ``("127.0.0.1", 9402)``; ``"[::1]:9402"`` -> ``("::1", 9402)``.
+
+    Raises ConfigError naming ``key`` when the host is missing, an IPv6 address
+    is not bracketed, or the port is not 0-65535.
+    """
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+        if not sep or not host or "]" in host:
+            raise ConfigError(f"{key}: {text!r}: expected [IPv6]:port, e.g. [::1]:9402")
+    else:
+        host, sep, port = text.rpartition(":")
+        if not sep or not host:
+            raise ConfigError(f"{key}: {text!r}: expected host:port, e.g. 127.0.0.1:9402")
+        if ":" in host:
+            raise ConfigError(f"{key}: {text!r}: put an IPv6 address in brackets, e.g. [::1]:9402")
+    if any(c.isspace() for c in host):
+        raise ConfigError(f"{key}: {text!r}: the host contains white space")
+    if not _PORT_RE.fullmatch(port) or int(port) > 65535:
+        raise ConfigError(f"{key}: {text!r}: the port must be a number 0-65535")
+    return host, int(port)
 
 
 def from_mapping(table: Mapping[str, Any]) -> PluginConfig:

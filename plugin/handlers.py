@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from engine.config import EngineConfig
 from engine.discover import InventoryCache
@@ -24,6 +25,7 @@ from engine.start.work import start_work
 from plugin._proto import nri_pb2 as api
 from plugin.adjustment import to_adjustment
 from plugin.errors import PluginError
+from plugin.metrics import STEP_PLAN, STEP_START, PluginMetrics
 from plugin.request import container_info, describe, may_request
 
 logger = logging.getLogger(__name__)
@@ -40,10 +42,14 @@ class GpuPlugin:
         inventory: InventoryCache | None = None,
         *,
         starter: Starter = run_start_async,
+        metrics: PluginMetrics | None = None,
     ) -> None:
         self._config = config
         self._inventory = inventory if inventory is not None else InventoryCache(config)
         self._starter = starter
+        self._metrics = metrics
+        if metrics is not None:
+            metrics.inventory_gpus.set(len(self._inventory.get().gpus))
         # Plans made at CreateContainer, used at StartContainer; a miss (the plugin
         # restarted in between) is planned again from the same inputs.
         self._pending: dict[str, Plan] = {}
@@ -55,7 +61,10 @@ class GpuPlugin:
                 logger.info("%s: %s", describe(pod, container), note)
             if outcome.request is None:
                 return None
-            result = make_plan(outcome.request, self._inventory.get(), self._config)
+            inventory = self._inventory.get()
+            if self._metrics is not None:
+                self._metrics.inventory_gpus.set(len(inventory.gpus))
+            result = make_plan(outcome.request, inventory, self._config)
         except EngineError as exc:
             raise PluginError(str(exc)) from exc
         for note in result.notes:
@@ -69,23 +78,54 @@ class GpuPlugin:
         try:
             plan = self._plan(pod, container)
         except PluginError as exc:
-            logger.warning("%s: refused: %s", describe(pod, container), exc)
+            ms = self._took(STEP_PLAN, began)
+            fields = _fields("CreateContainer", pod, container, decision="refused", reason=str(exc), duration_ms=ms)
+            logger.warning("%s: refused: %s", describe(pod, container), exc, extra={"nri_gpu": fields})
             raise
         if plan is None:
+            self._took(STEP_PLAN, began)
             return None
         adjustment = to_adjustment(plan, container)
         self._pending[container.id] = plan
-        gpus = ",".join(str(g.index) for g in plan.gpus) or "none"
+        capabilities = sorted(c.value for c in plan.capabilities)
+        ms = self._took(STEP_PLAN, began)
+        if self._metrics is not None:
+            self._metrics.gpus_allocated.inc(len(plan.gpus))
+        fields = _fields(
+            "CreateContainer",
+            pod,
+            container,
+            decision="allocated",
+            gpus=[g.index for g in plan.gpus],
+            gpu_uuids=[g.uuid for g in plan.gpus],
+            capabilities=capabilities,
+            devices=len(adjustment.linux.devices),
+            mounts=len(adjustment.mounts),
+            duration_ms=ms,
+        )
         logger.info(
             "%s: GPUs %s, capabilities %s, %d devices, %d mounts (%.2f ms)",
             describe(pod, container),
-            gpus,
-            ",".join(sorted(c.value for c in plan.capabilities)),
+            ",".join(str(g.index) for g in plan.gpus) or "none",
+            ",".join(capabilities),
             len(adjustment.linux.devices),
             len(adjustment.mounts),
-            (time.perf_counter() - began) * 1000,
+            ms,
+            extra={"nri_gpu": fields},
         )
         return adjustment
+
+    def _took(self, step: str, began: float) -> float:
+        """Milliseconds since ``began``; recorded under ``step``."""
+        seconds = time.perf_counter() - began
+        if self._metrics is not None:
+            self._metrics.step(step, seconds)
+        return seconds * 1000
+
+    def _on_start_report(self, who: str, timings_ms: dict[str, float]) -> None:
+        logger.debug("%s: start steps (ms) %s", who, timings_ms)
+        if self._metrics is not None:
+            self._metrics.start_timings(timings_ms)
 
     async def start_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         """Finish a GPU container in its own mount namespace before its process runs."""
@@ -102,19 +142,36 @@ class GpuPlugin:
                 pid,
                 start_work(plan, who, self._config.proc_root),
                 ldconfig=self._config.ldconfig,
-                on_report=lambda report: logger.debug("%s: start steps (ms) %s", who, report.timings_ms),
+                on_report=lambda report: self._on_start_report(who, report.timings_ms),
             )
         except EngineError as exc:
-            logger.warning("%s: start refused: %s", who, exc)
             # The stub already names the container and pod; keep the step and cause.
             reason = f"{exc.step}: {exc.error}" if isinstance(exc, StartError) else str(exc)
+            ms = self._took(STEP_START, began)
+            fields = _fields("StartContainer", pod, container, decision="start_refused", reason=reason, duration_ms=ms)
+            logger.warning("%s: start refused: %s", who, exc, extra={"nri_gpu": fields})
             raise PluginError(reason) from exc
+        ms = self._took(STEP_START, began)
+        bus_ids = [g.bus_id for g in plan.gpus]
+        fields = _fields("StartContainer", pod, container, decision="started", gpus=bus_ids, duration_ms=ms)
         logger.info(
-            "%s: started with GPUs %s (%.1f ms)",
-            who,
-            ",".join(g.bus_id for g in plan.gpus) or "none",
-            (time.perf_counter() - began) * 1000,
+            "%s: started with GPUs %s (%.1f ms)", who, ",".join(bus_ids) or "none", ms, extra={"nri_gpu": fields}
         )
 
     async def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         self._pending.pop(container.id, None)
+
+
+def _fields(event: str, pod: api.PodSandbox, container: api.Container, **more: Any) -> dict[str, Any]:
+    """The structured form of a decision log line (the JSON log format shows it)."""
+    fields: dict[str, Any] = {
+        "event": event,
+        "pod": pod.name,
+        "namespace": pod.namespace,
+        "container": container.name,
+        "container_id": container.id,
+    }
+    fields.update(more)
+    if "duration_ms" in fields:
+        fields["duration_ms"] = round(fields["duration_ms"], 3)
+    return fields

@@ -40,6 +40,7 @@ from plugin._proto import nri_pb2 as api
 from plugin.config import PluginConfig
 from plugin.errors import PluginError, RegistrationError
 from plugin.events import Event, events_of, mask_of, valid_events
+from plugin.metrics import ERROR_INTERNAL, ERROR_REFUSED, ERROR_START_FAILED, PluginMetrics
 from plugin.ttrpc import Code, ConnectionClosed, InboundRequest, MuxConnection, StatusError
 
 logger = logging.getLogger(__name__)
@@ -94,7 +95,14 @@ def describe(event: str, pod: api.PodSandbox | None, container: api.Container | 
 class Stub:
     """Runs one plugin object against one runtime, reconnecting as needed."""
 
-    def __init__(self, plugin: object, config: PluginConfig, *, preconnected: socket.socket | None = None) -> None:
+    def __init__(
+        self,
+        plugin: object,
+        config: PluginConfig,
+        *,
+        preconnected: socket.socket | None = None,
+        metrics: PluginMetrics | None = None,
+    ) -> None:
         self._plugin = plugin
         self._config = config
         self._preconnected = preconnected
@@ -110,6 +118,9 @@ class Stub:
         self.runtime: RuntimeInfo | None = None
         self.registrations = 0
         self._routes: dict[str, Callable[[bytes], Awaitable[Message]]] = self._build_routes()
+        self._metrics = metrics
+        if metrics is not None:
+            metrics.registered.set_function(lambda: 1.0 if self.registered else 0.0)
 
     # -- public surface -----------------------------------------------------
 
@@ -228,6 +239,8 @@ class Stub:
             return False
         self._registered.set()
         self.registrations += 1
+        if self._metrics is not None:
+            self._metrics.registrations.inc()
         rt = self.runtime
         logger.info(
             "registered with %s %s as %s-%s, events %s",
@@ -262,6 +275,9 @@ class Stub:
         route = self._routes.get(request.method)
         if route is None:
             raise StatusError(Code.UNIMPLEMENTED, f"method {request.method}")
+        # StateChange is counted under the event it carries (see _on_state_change).
+        if self._metrics is not None and request.method != "StateChange":
+            self._metrics.event(request.method)
         reply = await route(request.payload)
         return reply.SerializeToString()
 
@@ -309,9 +325,13 @@ class Stub:
             if isinstance(exc, PluginError):
                 logger.warning("%s refused: %s", what, exc)
                 cause = str(exc)
+                kind = ERROR_START_FAILED if event is Event.START_CONTAINER else ERROR_REFUSED
             else:
                 logger.exception("%s: handler failed", what)
                 cause = f"{type(exc).__name__}: {exc}"
+                kind = ERROR_INTERNAL
+            if self._metrics is not None:
+                self._metrics.error(kind)
             raise StatusError(Code.UNKNOWN, f"{self._config.name}: {what}: {cause}") from exc
 
     async def _notify(self, event: Event, pod: Any, container: Any) -> None:
@@ -410,9 +430,13 @@ class Stub:
         try:
             event = Event(req.event)
         except ValueError:
+            if self._metrics is not None:
+                self._metrics.event("StateChange")
             # An event newer than this code: ignore it rather than fail the runtime's call.
             logger.debug("ignoring StateChange for unknown event %d", req.event)
             return api.Empty()
+        if self._metrics is not None:
+            self._metrics.event(_rpc_name(event))
         container = req.container if req.HasField("container") else None
         await self._notify(event, req.pod, container)
         return api.Empty()

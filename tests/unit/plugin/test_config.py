@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from plugin.__main__ import build_parser, load_config
-from plugin.config import ConfigError, PluginConfig, from_toml
+from plugin.config import ConfigError, PluginConfig, from_toml, parse_address
 
 
 def test_defaults_match_the_documented_ones() -> None:
@@ -84,3 +84,55 @@ def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
     args = build_parser().parse_args(["run", "--config", str(tmp_path / "nope.toml")])
     with pytest.raises(ConfigError, match=r"nope\.toml: No such file"):
         load_config(args, {})
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        ("127.0.0.1:9402", ("127.0.0.1", 9402)),
+        ("localhost:0", ("localhost", 0)),
+        ("[::1]:9402", ("::1", 9402)),
+        ("0.0.0.0:65535", ("0.0.0.0", 65535)),
+    ],
+    ids=["v4", "name-port-0", "v6", "max-port"],
+)
+def test_metrics_address_forms(address: str, expected: tuple[str, int]) -> None:
+    assert parse_address(address) == expected
+    assert PluginConfig(metrics_address=address).metrics_address == address
+
+
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        ("9402", "expected host:port"),
+        (":9402", "expected host:port"),
+        ("::1:9402", "put an IPv6 address in brackets"),
+        ("[::1]9402", "expected [IPv6]:port"),
+        ("[]:9402", "expected [IPv6]:port"),
+        ("127.0.0.1:65536", "the port must be a number 0-65535"),
+        ("127.0.0.1:http", "the port must be a number 0-65535"),
+        ("127.0.0.1:", "the port must be a number 0-65535"),
+    ],
+    ids=["port-only", "no-host", "bare-v6", "v6-no-colon", "empty-v6", "port-too-big", "named-port", "no-port"],
+)
+def test_bad_metrics_address_names_the_key(address: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        from_toml(f'[plugin]\nmetrics_address = "{address}"')
+    assert "plugin.metrics_address" in str(err.value)
+
+
+def test_observability_defaults_file_and_flags(tmp_path: Path) -> None:
+    config = PluginConfig()
+    assert (config.log_format, config.metrics_address) == ("text", "127.0.0.1:9402")
+    path = tmp_path / "config.toml"
+    path.write_text('[plugin]\nlog_format = "json"\nmetrics_address = "[::1]:9000"\n')
+    args = build_parser().parse_args(["run", "--config", str(path)])
+    assert (load_config(args, {}).plugin.log_format, load_config(args, {}).plugin.metrics_address) == (
+        "json",
+        "[::1]:9000",
+    )
+    args = build_parser().parse_args(["run", "--config", str(path), "--log-format", "text", "--metrics-address", ""])
+    config = load_config(args, {}).plugin
+    assert (config.log_format, config.metrics_address) == ("text", "")
+    with pytest.raises(ConfigError, match=re.escape("plugin.log_format: 'xml'")):
+        from_toml('[plugin]\nlog_format = "xml"')

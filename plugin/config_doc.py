@@ -1,0 +1,160 @@
+"""The annotated default config file, built from one table of options.  (pure)
+
+``nri-gpu config default`` prints ``default_config()``; the README's config
+section is the same text. Each option is listed once here with its default (as
+TOML) and its documentation; tests check that the text parses into exactly the
+built-in defaults and that every field of the settings classes is listed, so the
+documentation cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plugin.config import DEFAULT_INDEX, DEFAULT_NAME, DEFAULT_SOCKET
+
+
+@dataclass(frozen=True)
+class Option:
+    table: str  # "plugin", "engine" or "policy"
+    key: str
+    default: str  # the default, written as a TOML value
+    doc: str  # one or more lines, each becomes a comment line
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "plugin",
+        "socket",
+        f'"{DEFAULT_SOCKET}"',
+        "The runtime's NRI socket to connect to (containerd: socket_path in\n"
+        '[plugins."io.containerd.nri.v1.nri"]; CRI-O: nri_listen in [crio.nri]).\n'
+        "Unused when the runtime launches the plugin itself (NRI_PLUGIN_SOCKET).",
+    ),
+    Option(
+        "plugin",
+        "name",
+        f'"{DEFAULT_NAME}"',
+        "Plugin name the runtime shows in its logs; letters, digits and . _ + - only.",
+    ),
+    Option(
+        "plugin",
+        "index",
+        f'"{DEFAULT_INDEX}"',
+        "Two-digit index: the order among NRI plugins (lower runs first).",
+    ),
+    Option("plugin", "log_level", '"info"', "One of debug, info, warning, error."),
+    Option(
+        "plugin",
+        "reconnect_min",
+        "0.05",
+        "Seconds before the first reconnect attempt when the runtime goes away;\n"
+        "the delay doubles up to reconnect_max.",
+    ),
+    Option("plugin", "reconnect_max", "1.0", "Longest delay, in seconds, between reconnect attempts."),
+    Option(
+        "plugin",
+        "log_format",
+        '"text"',
+        '"text" (one line per decision, in words) or "json" (one object per line, with fields).',
+    ),
+    Option(
+        "plugin",
+        "metrics_address",
+        '"127.0.0.1:9402"',
+        'host:port (or [v6]:port) serving /healthz and /metrics; "" turns the server off.\n'
+        "Security: it answers anyone who can reach it, without authentication; keep it on\n"
+        "loopback unless the port is protected.",
+    ),
+    Option(
+        "engine",
+        "driver_root",
+        '"/"',
+        'Where the driver\'s files live: "/" or, with the GPU operator, "/run/nvidia/driver".',
+    ),
+    Option("engine", "dev_root", '"/"', "Directory under which dev/nvidia* device nodes are found."),
+    Option("engine", "proc_root", '"/proc"', "The procfs to read (/proc/driver/nvidia, /proc/devices)."),
+    Option(
+        "engine",
+        "ldconfig",
+        '"/sbin/ldconfig"',
+        "The host's trusted ldconfig that rebuilds a GPU container's ld.so cache.\n"
+        "Security: it runs from a descriptor opened here, never the image's binary;\n"
+        "point it only at a root-owned file.",
+    ),
+    Option(
+        "policy",
+        "accept_env_unprivileged",
+        "true",
+        "Honour NVIDIA_VISIBLE_DEVICES in unprivileged containers (the toolkit's default).\n"
+        "Security: an image that bakes in NVIDIA_VISIBLE_DEVICES=all then gets every GPU\n"
+        "of the node, around the scheduler; set false on shared clusters and use the\n"
+        "nvidia.com/gpus annotations (or the device plugin's volume mounts) instead.",
+    ),
+    Option(
+        "policy",
+        "accept_volume_mounts",
+        "false",
+        "Read the device plugin's /dev/null markers under /var/run/nvidia-container-devices/\n"
+        "(its volume-mounts strategy); off by default, as in the toolkit.",
+    ),
+    Option(
+        "policy",
+        "annotation_namespaces",
+        '"*"',
+        'Kubernetes namespaces whose pods may use the nvidia.com/gpus annotations: "*" for\n'
+        'all, or a list such as ["ml", "research"].\n'
+        'Security: with "*" anyone who can create a pod can ask for any GPU by annotation.',
+    ),
+    Option(
+        "policy",
+        "capabilities",
+        '["all"]',
+        "Upper bound on NVIDIA_DRIVER_CAPABILITIES (compute, compat32, graphics, utility,\n"
+        "video, display, ngx, or all); a request beyond it is capped and the plan says so.",
+    ),
+    Option(
+        "policy",
+        "require_checks",
+        "true",
+        "Evaluate NVIDIA_REQUIRE_* (e.g. cuda>=12.0); false skips every check.",
+    ),
+    Option(
+        "policy",
+        "legacy_image_all_gpus",
+        "false",
+        "The toolkit gives a legacy CUDA image (CUDA_VERSION set, NVIDIA_REQUIRE_CUDA unset)\n"
+        "every GPU when it names none. We see every container of the node, so this is off:\n"
+        "such an image gets GPUs only when it asks. Security: true hands all GPUs to any\n"
+        "such image.",
+    ),
+)
+
+TABLES = ("plugin", "engine", "policy")
+_TABLE_DOCS = {
+    "plugin": "How the plugin reaches the runtime. Flags (--socket, --name, --index, --log-level, --log-format, --metrics-address) override these.",
+    "engine": "Where the node's files are. Flags --driver-root, --dev-root, --proc-root override these.",
+    "policy": "Who may ask for GPUs, and how.",
+}
+
+HEADER = (
+    "# nri-gpu configuration (TOML), as printed by `nri-gpu config default`.\n"
+    "# Every key is optional and shows its default. Unknown keys and wrong types are\n"
+    "# refused at start with the key named. Use: nri-gpu run --config FILE\n"
+)
+
+
+def _comment(text: str) -> str:
+    return "".join(f"# {line}\n" if line else "#\n" for line in text.splitlines())
+
+
+def default_config() -> str:
+    """The annotated default config file."""
+    parts = [HEADER]
+    for table in TABLES:
+        parts.append(f"\n[{table}]\n")
+        parts.append(_comment(_TABLE_DOCS[table]))
+        for option in OPTIONS:
+            if option.table == table:
+                parts.append("\n" + _comment(option.doc) + f"{option.key} = {option.default}\n")
+    return "".join(parts)

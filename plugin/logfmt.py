@@ -1,0 +1,55 @@
+"""Log formats: the plain text line, or one JSON object per line.  (pure)
+
+Handlers attach the structured form of a decision as
+``logger.info(..., extra={"nri_gpu": {...}})``; the text format ignores it (the
+message already says it in words), the JSON format merges its keys into the
+object beside ``time``, ``level``, ``logger`` and ``message``::
+
+    {"time": "2026-01-02T03:04:05.678Z", "level": "info", "logger": "plugin.handlers",
+     "message": "container \\"c\\" in pod \\"ns/p\\": GPUs 0, ...", "event": "CreateContainer",
+     "pod": "p", "namespace": "ns", "container": "c", "gpus": [0], "duration_ms": 0.41}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+LOG_FORMATS = ("text", "json")
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+EXTRA_KEY = "nri_gpu"
+# Keys the formatter owns; structured fields never overwrite them.
+_RESERVED = ("time", "level", "logger", "message", "exception")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, UTC timestamps with milliseconds."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        entry: dict[str, Any] = {
+            "time": f"{seconds}.{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        fields = getattr(record, EXTRA_KEY, None)
+        if isinstance(fields, dict):
+            for key, value in fields.items():
+                entry[f"field_{key}" if key in _RESERVED else key] = value
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            entry["exception"] = record.exc_text
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def make_formatter(log_format: str) -> logging.Formatter:
+    """The formatter for ``plugin.log_format``; raises ValueError for an unknown one."""
+    if log_format == "json":
+        return JsonFormatter()
+    if log_format == "text":
+        return logging.Formatter(TEXT_FORMAT)
+    raise ValueError(f"unknown log format {log_format!r} (known: {', '.join(LOG_FORMATS)})")

@@ -1,0 +1,441 @@
+"""``nri-gpu install`` / ``uninstall``: turn NRI on in containerd or CRI-O, and back.
+
+Two layers. The text layer (``containerd_enable``, ``containerd_revert``,
+``crio_dropin``, ``crio_dropin_is_ours``) takes and returns text, edits with tomlkit
+so every comment and the layout of the rest of the file survive, and does no I/O.
+The file layer (``install``, ``uninstall``) reads and writes files, keeps a backup
+of the original bytes next to the config (``<config>.nri-gpu-orig``) and a record
+of what it changed (``<config>.nri-gpu.json``) so that uninstall can restore the
+file byte for byte, or, when someone edited it since, revert only our own keys.
+Nothing here restarts a runtime; the CLI does that when asked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+import tomlkit.exceptions
+from tomlkit.items import Table
+
+from plugin.config import DEFAULT_SOCKET
+
+CONTAINERD_CONFIG = "/etc/containerd/config.toml"
+CRIO_DROPIN_DIR = "/etc/crio/crio.conf.d"
+CRIO_DROPIN_NAME = "10-nri-gpu.conf"
+NRI_TABLE = "io.containerd.nri.v1.nri"
+NRI_HEADER = f'[plugins."{NRI_TABLE}"]'
+BACKUP_SUFFIX = ".nri-gpu-orig"
+RECORD_SUFFIX = ".nri-gpu.json"
+RUNTIMES = ("containerd", "crio")
+
+
+class SetupError(Exception):
+    """We refuse to touch the file; the message names the file and key, and why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One key of ``[plugins."io.containerd.nri.v1.nri"]``: ``old`` is None when absent."""
+
+    key: str
+    old: Any
+    new: Any
+
+
+@dataclasses.dataclass
+class Result:
+    """What a command did (or, dry run, would do): messages, a diff, the file."""
+
+    path: Path
+    changed: bool
+    messages: list[str] = dataclasses.field(default_factory=list)
+    diff: str = ""
+    warnings: list[str] = dataclasses.field(default_factory=list)
+
+
+# ---------------------------------------------------------------- text layer (pure)
+
+
+def _parse(text: str, source: str) -> tomlkit.TOMLDocument:
+    try:
+        return tomlkit.parse(text)
+    except tomlkit.exceptions.ParseError as exc:
+        raise SetupError(f"{source}: not valid TOML: {exc}") from exc
+
+
+def containerd_version(text: str, source: str = "config") -> int:
+    """The config's schema ``version`` (2: containerd 1.7, 3: 2.x); refuses the rest."""
+    doc = _parse(text, source)
+    version = doc.get("version")
+    if version is None:
+        raise SetupError(
+            f"{source}: no 'version' key: a legacy (version 1) containerd config, where NRI "
+            f"would be [plugins.nri]. Refusing to edit it; migrate it first "
+            f"(containerd config migrate, or start from containerd config default) and add version = 2 or 3"
+        )
+    if isinstance(version, bool) or not isinstance(version, int) or version not in (2, 3):
+        raise SetupError(f"{source}: version = {version!r} is not supported (2 for containerd 1.7, 3 for 2.x)")
+    return int(version)
+
+
+def _nri_table(doc: tomlkit.TOMLDocument, source: str) -> Any:
+    plugins = doc.get("plugins")
+    if plugins is None:
+        return None
+    if not isinstance(plugins, Mapping):
+        raise SetupError(f"{source}: 'plugins' is not a table")
+    table = plugins.get(NRI_TABLE)
+    if table is not None and not isinstance(table, Mapping):
+        raise SetupError(f"{source}: {NRI_HEADER} is not a table")
+    return table
+
+
+def _defaults(version: int) -> dict[str, Any]:
+    # containerd's built-in values: NRI is off by default in 1.7, on in 2.x.
+    return {"disable": version == 2, "disable_connections": False, "socket_path": DEFAULT_SOCKET}
+
+
+def containerd_changes(text: str, socket: str | None = None, source: str = "config") -> list[Change]:
+    """The keys that must change for NRI to be on (and listening on ``socket``)."""
+    version = containerd_version(text, source)
+    table = _nri_table(_parse(text, source), source)
+    want: dict[str, Any] = {"disable": False, "disable_connections": False}
+    if socket is not None:
+        want["socket_path"] = socket
+    changes = []
+    for key, value in want.items():
+        old = None if table is None else table.get(key)
+        if old is not None and hasattr(old, "unwrap"):
+            old = old.unwrap()
+        effective = _defaults(version)[key] if old is None else old
+        if effective != value:
+            changes.append(Change(key, old, value))
+    return changes
+
+
+def containerd_enable(text: str, changes: list[Change], source: str = "config") -> str:
+    """Apply ``changes`` (from ``containerd_changes``); the rest of the text is kept as is."""
+    if not changes:
+        return text
+    doc = _parse(text, source)
+    table = _nri_table(doc, source)
+    if table is None:
+        # Appended as text: the whole file before it stays byte for byte.
+        block = "".join(f"  {c.key} = {tomlkit.item(c.new).as_string()}\n" for c in changes)
+        sep = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
+        out = f"{text}{sep}{NRI_HEADER}\n{block}"
+    else:
+        for change in changes:
+            table[change.key] = change.new
+        out = doc.as_string()
+    _check_applied(out, changes, source)
+    return out
+
+
+def _check_applied(text: str, changes: list[Change], source: str) -> None:
+    table = _nri_table(_parse(text, source), source)
+    for change in changes:
+        got = None if table is None else table.get(change.key)
+        if got is not None and hasattr(got, "unwrap"):
+            got = got.unwrap()
+        if got != change.new:
+            raise SetupError(f"{source}: could not set {NRI_HEADER} {change.key} (internal error)")
+
+
+def containerd_revert(text: str, changes: list[Change], source: str = "config") -> tuple[str, list[str]]:
+    """Undo our ``changes`` where the file still has our value; returns (text, warnings).
+
+    A key someone set to another value since is left as it is, with a warning. A table
+    we created and that is now empty is removed.
+    """
+    doc = _parse(text, source)
+    table = _nri_table(doc, source)
+    warnings = []
+    if table is None:
+        return text, [f"{source}: {NRI_HEADER} is gone; nothing of ours to revert"]
+    for change in changes:
+        current = table.get(change.key)
+        if current is not None and hasattr(current, "unwrap"):
+            current = current.unwrap()
+        if current != change.new:
+            warnings.append(
+                f"{source}: {NRI_HEADER} {change.key} is now {current!r}, not the {change.new!r} we set; left as is"
+            )
+        elif change.old is None:
+            del table[change.key]
+        else:
+            table[change.key] = change.old
+    if len(table) == 0:
+        plugins = doc["plugins"]
+        assert isinstance(plugins, Mapping)
+        del plugins[NRI_TABLE]  # type: ignore[attr-defined]
+        if isinstance(plugins, Table) and len(plugins) == 0 and plugins.is_super_table():
+            del doc["plugins"]
+    return doc.as_string(), warnings
+
+
+def containerd_new_file(socket: str | None) -> str:
+    """A minimal config for a node that has none (version 2 is read by 1.7 and 2.x)."""
+    lines = ["# Written by nri-gpu install; removed by nri-gpu uninstall.", "version = 2", "", NRI_HEADER]
+    lines += ["  disable = false", "  disable_connections = false"]
+    if socket is not None:
+        lines.append(f"  socket_path = {tomlkit.item(socket).as_string()}")
+    return "\n".join(lines) + "\n"
+
+
+_DROPIN_HEAD = (
+    "# Written by nri-gpu install: turns on NRI in CRI-O (on by default since 1.30).\n"
+    "# nri-gpu uninstall removes this file unless it was changed.\n"
+)
+
+
+def crio_dropin(socket: str | None) -> str:
+    """The CRI-O drop-in that turns NRI on (and sets its socket when given)."""
+    text = _DROPIN_HEAD + "[crio.nri]\nenable_nri = true\n"
+    if socket is not None:
+        text += f"nri_listen = {tomlkit.item(socket).as_string()}\n"
+    return text
+
+
+def crio_dropin_is_ours(text: str) -> bool:
+    """Whether ``text`` is exactly a drop-in we write (for some socket)."""
+    try:
+        nri = tomlkit.parse(text).unwrap().get("crio", {}).get("nri", {})
+    except (tomlkit.exceptions.ParseError, AttributeError):
+        return False
+    socket = nri.get("nri_listen") if isinstance(nri, dict) else None
+    if socket is not None and not isinstance(socket, str):
+        return False
+    return text == crio_dropin(socket)
+
+
+def unified_diff(before: str | None, after: str | None, path: Path) -> str:
+    a = [] if before is None else before.splitlines(keepends=True)
+    b = [] if after is None else after.splitlines(keepends=True)
+    return "".join(
+        difflib.unified_diff(
+            a, b, "/dev/null" if before is None else str(path), "/dev/null" if after is None else str(path)
+        )
+    )
+
+
+# ---------------------------------------------------------------- file layer
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write(path: Path, data: bytes, like: os.stat_result | None = None) -> None:
+    """Replace ``path`` atomically, keeping the old file's mode and owner."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if like is not None:
+            os.chmod(tmp, like.st_mode & 0o7777)
+            try:
+                os.chown(tmp, like.st_uid, like.st_gid)
+            except PermissionError:
+                pass
+        else:
+            os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SetupError(f"{path}: cannot read: {exc.strerror}") from exc
+
+
+def _decode(data: bytes, path: Path) -> str:
+    try:
+        return data.decode()
+    except UnicodeDecodeError as exc:
+        raise SetupError(f"{path}: not UTF-8 text") from exc
+
+
+def backup_path(path: Path) -> Path:
+    return path.with_name(path.name + BACKUP_SUFFIX)
+
+
+def record_path(path: Path) -> Path:
+    return path.with_name(path.name + RECORD_SUFFIX)
+
+
+def _load_record(path: Path) -> dict[str, Any] | None:
+    data = _read(record_path(path))
+    if data is None:
+        return None
+    try:
+        record = json.loads(data)
+        if not isinstance(record, dict) or not isinstance(record.get("changes"), list):
+            raise ValueError("not a record")
+        return record
+    except ValueError as exc:
+        raise SetupError(f"{record_path(path)}: unreadable install record ({exc}); remove it by hand") from exc
+
+
+def install_containerd(path: Path, socket: str | None, dry_run: bool = False) -> Result:
+    data = _read(path)
+    record = _load_record(path)
+    if data is None:
+        text = containerd_new_file(socket)
+        result = Result(path, True, [f"{path}: created with NRI enabled ({NRI_HEADER} disable = false)"])
+        result.diff = unified_diff(None, text, path)
+        if not dry_run:
+            _write(path, text.encode())
+            written = [Change("disable", None, False), Change("disable_connections", None, False)]
+            if socket is not None:
+                written.append(Change("socket_path", None, socket))
+            _write(record_path(path), _record(True, written, text.encode()))
+        return result
+    before = _decode(data, path)
+    version = containerd_version(before, str(path))
+    changes = containerd_changes(before, socket, str(path))
+    if not changes:
+        if record is not None:
+            return Result(
+                path, False, [f"{path}: already set up ({NRI_HEADER} is as nri-gpu set it); nothing to change"]
+            )
+        if version == 3:
+            return Result(path, False, [f"NRI is on by default in containerd 2.x; nothing to change ({path})"])
+        return Result(
+            path, False, [f"{path}: NRI is already enabled ({NRI_HEADER} disable = false); nothing to change"]
+        )
+    after = containerd_enable(before, changes, str(path))
+    result = Result(
+        path, True, [f"{path}: {NRI_HEADER} {c.key} = {_show(c.new)} (was {_show(c.old)})" for c in changes]
+    )
+    if record is not None:
+        result.warnings.append(
+            f"{path}: changed since the last install (our keys were undone); the earlier backup "
+            f"{backup_path(path)} is replaced by the current file"
+        )
+    result.diff = unified_diff(before, after, path)
+    if not dry_run:
+        stat = path.stat()
+        _write(backup_path(path), data, stat)
+        _write(record_path(path), _record(False, changes, after.encode()))
+        _write(path, after.encode(), stat)
+    return result
+
+
+def _show(value: Any) -> str:
+    return "unset" if value is None else tomlkit.item(value).as_string()
+
+
+def _record(created: bool, changes: list[Change], written: bytes) -> bytes:
+    record = {
+        "tool": "nri-gpu",
+        "runtime": "containerd",
+        "created": created,
+        "changes": [dataclasses.asdict(c) for c in changes],
+        "written_sha256": _sha(written),
+    }
+    return (json.dumps(record, indent=2) + "\n").encode()
+
+
+def uninstall_containerd(path: Path, dry_run: bool = False) -> Result:
+    record = _load_record(path)
+    if record is None:
+        return Result(path, False, [f"{path}: no install record ({record_path(path)}); nothing to undo"])
+    data = _read(path)
+    backup = backup_path(path)
+    original = None if record.get("created") else _read(backup)
+    if not record.get("created") and original is None:
+        raise SetupError(f"{backup}: the backup of the original file is missing; not touching {path}")
+    result = Result(path, True)
+    if data is None:
+        result.warnings.append(f"{path}: gone since install; only removing our record")
+        result.changed = False
+    elif _sha(data) == record.get("written_sha256"):
+        if original is None:
+            result.messages.append(f"{path}: removed (nri-gpu created it)")
+            result.diff = unified_diff(_decode(data, path), None, path)
+        else:
+            result.messages.append(f"{path}: restored byte for byte from {backup}")
+            result.diff = unified_diff(_decode(data, path), _decode(original, backup), path)
+        if not dry_run:
+            if original is None:
+                path.unlink()
+            else:
+                _write(path, original, path.stat())
+    else:
+        before = _decode(data, path)
+        changes = [Change(**c) for c in record["changes"]]
+        after, warnings = containerd_revert(before, changes, str(path))
+        result.warnings.append(f"{path}: changed since install; reverting only nri-gpu's keys in {NRI_HEADER}")
+        result.warnings += warnings
+        result.messages.append(f"{path}: reverted {NRI_HEADER} keys " + ", ".join(c.key for c in changes))
+        result.diff = unified_diff(before, after, path)
+        result.changed = after != before
+        if not dry_run and result.changed:
+            _write(path, after.encode(), path.stat())
+    if not dry_run:
+        backup.unlink(missing_ok=True)
+        record_path(path).unlink(missing_ok=True)
+    return result
+
+
+def install_crio(dropin_dir: Path, socket: str | None, dry_run: bool = False) -> Result:
+    path = dropin_dir / CRIO_DROPIN_NAME
+    text = crio_dropin(socket)
+    data = _read(path)
+    if data is not None:
+        if data == text.encode():
+            return Result(path, False, [f"{path}: already set up ([crio.nri] enable_nri = true); nothing to change"])
+        raise SetupError(
+            f"{path}: exists with other content; not overwriting it "
+            f"(run nri-gpu uninstall --runtime crio, or remove it, then install again)"
+        )
+    result = Result(path, True, [f"{path}: created ([crio.nri] enable_nri = true)"])
+    result.diff = unified_diff(None, text, path)
+    if not dry_run:
+        _write(path, text.encode())
+    return result
+
+
+def uninstall_crio(dropin_dir: Path, dry_run: bool = False) -> Result:
+    path = dropin_dir / CRIO_DROPIN_NAME
+    data = _read(path)
+    if data is None:
+        return Result(path, False, [f"{path}: not there; nothing to undo"])
+    text = data.decode(errors="replace")
+    if not crio_dropin_is_ours(text):
+        raise SetupError(f"{path}: changed since nri-gpu wrote it; left in place (remove it by hand if it should go)")
+    result = Result(path, True, [f"{path}: removed"], unified_diff(text, None, path))
+    if not dry_run:
+        path.unlink()
+    return result
+
+
+def install(runtime: str, config: Path | None, socket: str | None, dry_run: bool = False) -> Result:
+    if runtime == "containerd":
+        return install_containerd(config or Path(CONTAINERD_CONFIG), socket, dry_run)
+    return install_crio(config or Path(CRIO_DROPIN_DIR), socket, dry_run)
+
+
+def uninstall(runtime: str, config: Path | None, dry_run: bool = False) -> Result:
+    if runtime == "containerd":
+        return uninstall_containerd(config or Path(CONTAINERD_CONFIG), dry_run)
+    return uninstall_crio(config or Path(CRIO_DROPIN_DIR), dry_run)

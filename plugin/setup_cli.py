@@ -1,0 +1,92 @@
+"""The node-setup commands of ``nri-gpu``: ``config default``, ``install``, ``uninstall``.
+
+``__main__`` adds them to its parser and hands their parsed arguments here.
+Exit codes: 0 done (or nothing to do), 1 refused (the message names the file and
+key), 2 usage error. A runtime is restarted only with ``--restart``; otherwise the
+command to run is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from plugin.config_doc import default_config
+from plugin.runtime_setup import (
+    CONTAINERD_CONFIG,
+    CRIO_DROPIN_DIR,
+    RUNTIMES,
+    Result,
+    SetupError,
+    install,
+    uninstall,
+)
+
+COMMANDS = ("config", "install", "uninstall")
+_SERVICE = {"containerd": "containerd", "crio": "crio"}
+
+
+def add_commands(commands: Any) -> None:
+    """Add the commands to ``commands`` (the parser's subparsers action)."""
+    config = commands.add_parser("config", help="print the annotated default config file")
+    config.add_argument("action", choices=("default",), help="default: the config file with every option documented")
+
+    where = (
+        f"containerd: the config file (default {CONTAINERD_CONFIG}); crio: the drop-in dir (default {CRIO_DROPIN_DIR})"
+    )
+    for name, text in (
+        ("install", "turn on NRI in the runtime's config (keeps a backup for uninstall)"),
+        ("uninstall", "undo what install changed (byte for byte when nothing else changed the file)"),
+    ):
+        cmd = commands.add_parser(name, help=text)
+        cmd.add_argument("--runtime", required=True, choices=RUNTIMES, help="the container runtime to set up")
+        cmd.add_argument("--config", metavar="PATH", type=Path, help=where)
+        if name == "install":
+            cmd.add_argument("--socket", metavar="PATH", help="NRI socket the runtime should listen on")
+        cmd.add_argument("--dry-run", action="store_true", help="print the diff; write nothing")
+        cmd.add_argument("--restart", action="store_true", help="run systemctl restart for the runtime afterwards")
+
+
+def _report(result: Result, dry_run: bool) -> None:
+    if dry_run and result.diff:
+        sys.stdout.write(result.diff)
+    for message in result.messages:
+        print(("would: " if dry_run and result.changed else "") + message)
+    for warning in result.warnings:
+        print(f"nri-gpu: warning: {warning}", file=sys.stderr)
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.command == "config":
+        sys.stdout.write(default_config())
+        return 0
+    try:
+        if args.command == "install":
+            result = install(args.runtime, args.config, args.socket, args.dry_run)
+        else:
+            result = uninstall(args.runtime, args.config, args.dry_run)
+    except SetupError as exc:
+        print(f"nri-gpu: refused: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"nri-gpu: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
+        return 1
+    _report(result, args.dry_run)
+    if args.dry_run:
+        print("dry run: nothing written")
+        return 0
+    if not result.changed:
+        return 0
+    restart = ["systemctl", "restart", _SERVICE[args.runtime]]
+    if not args.restart:
+        print(f"Restart the runtime for this to take effect: {' '.join(restart)}")
+        return 0
+    print(f"running: {' '.join(restart)}")
+    done = subprocess.run(restart, check=False)
+    if done.returncode != 0:
+        print(f"nri-gpu: {' '.join(restart)} failed with exit code {done.returncode}", file=sys.stderr)
+        return 1
+    return 0

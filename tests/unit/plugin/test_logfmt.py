@@ -1,0 +1,161 @@
+"""Log formats, and the structured decision lines and metrics of the handlers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.discover import InventoryCache, discover
+from engine.start.work import StartReport, StartWork
+from plugin.config import PluginConfig
+from plugin.events import Event
+from plugin.handlers import GpuPlugin
+from plugin.logfmt import TEXT_FORMAT, JsonFormatter, make_formatter
+from plugin.metrics import PluginMetrics
+from plugin.stub import Stub
+from plugin.ttrpc import StatusError
+from tests.fake_runtime import FakeRuntime, container, pod
+from tests.testbed.gpunode import SimNode, build_node
+
+
+def record(msg: str = "hello %s", args: tuple[Any, ...] = ("world",), **extra: Any) -> logging.LogRecord:
+    rec = logging.LogRecord("plugin.handlers", logging.WARNING, __file__, 1, msg, args, None)
+    rec.created, rec.msecs = 1767323045.678, 678.0
+    for key, value in extra.items():
+        setattr(rec, key, value)
+    return rec
+
+
+def test_json_line_has_time_level_logger_message_and_the_fields() -> None:
+    line = JsonFormatter().format(record(nri_gpu={"pod": "p", "gpus": [0, 1], "message": "clash"}))
+    assert "\n" not in line
+    assert json.loads(line) == {
+        "time": "2026-01-02T03:04:05.678Z",
+        "level": "warning",
+        "logger": "plugin.handlers",
+        "message": "hello world",
+        "pod": "p",
+        "gpus": [0, 1],
+        "field_message": "clash",
+    }
+
+
+def test_json_line_carries_the_exception() -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        import sys
+
+        rec = record(exc_info=sys.exc_info())
+    doc = json.loads(JsonFormatter().format(rec))
+    assert "ValueError: boom" in doc["exception"]
+
+
+def test_text_format_is_unchanged_and_ignores_the_fields() -> None:
+    formatter = make_formatter("text")
+    assert formatter._fmt == TEXT_FORMAT  # type: ignore[attr-defined]
+    assert formatter.format(record(nri_gpu={"pod": "p"})).endswith(" WARNING plugin.handlers: hello world")
+    with pytest.raises(ValueError):
+        make_formatter("yaml")
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
+    return build_node(tmp_path_factory.mktemp("node"), gpus=2)
+
+
+def gpu_plugin(node: SimNode, metrics: PluginMetrics, starter: Any) -> GpuPlugin:
+    config = EngineConfig(driver_root=str(node.driver_root), dev_root=str(node.dev_root), proc_root=str(node.proc_root))
+    inventory = InventoryCache(config, take=lambda c: discover(c, cuda_version=lambda p: ("12.4", None)))
+    return GpuPlugin(config, inventory, starter=starter, metrics=metrics)
+
+
+def test_decisions_are_structured_and_measured(node: SimNode, caplog: pytest.LogCaptureFixture) -> None:
+    metrics = PluginMetrics()
+
+    async def starter(pid: int, work: StartWork, *, ldconfig: str, on_report: Any) -> None:
+        on_report(StartReport(timings_ms={"procfs isolation": 1.5, "total": 3.0}, procfs="", ldconfig_ran=False))
+
+    async def body(rt: FakeRuntime) -> None:
+        p, c = pod("train", "ml", annotations={"nvidia.com/gpus": "1"}), container("main")
+        await rt.create_container(p, c)
+        c.pid = 42
+        await rt.state_change(Event.START_CONTAINER, p, c)
+        with pytest.raises(StatusError):
+            await rt.create_container(pod("bad", "ml", annotations={"nvidia.com/gpus": "7"}), container("x"))
+
+    async def serve() -> None:
+        runtime = FakeRuntime()
+        plugin = gpu_plugin(node, metrics, starter)
+        stub = Stub(plugin, PluginConfig(), preconnected=await runtime.socketpair(), metrics=metrics)
+        task = asyncio.ensure_future(stub.run())
+        try:
+            await runtime.wait_ready()
+            await body(runtime)
+        finally:
+            stub.stop()
+            await asyncio.wait_for(task, 5)
+            await runtime.shutdown()
+
+    with caplog.at_level(logging.INFO, logger="plugin.handlers"):
+        asyncio.run(serve())
+    lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records if hasattr(r, "nri_gpu")]
+    allocated, started, refused = lines
+    assert allocated["message"].startswith('container "main" in pod "ml/train": GPUs 1, capabilities ')
+    assert {k: allocated[k] for k in ("event", "pod", "namespace", "container", "decision", "gpus")} == {
+        "event": "CreateContainer",
+        "pod": "train",
+        "namespace": "ml",
+        "container": "main",
+        "decision": "allocated",
+        "gpus": [1],
+    }
+    assert allocated["capabilities"] and allocated["duration_ms"] >= 0 and allocated["level"] == "info"
+    assert started["decision"] == "started" and started["gpus"] == [node.gpus[1].bus_id]
+    assert refused["decision"] == "refused" and refused["level"] == "warning" and "7" in refused["reason"]
+    assert refused["pod"] == "bad" and refused["duration_ms"] >= 0
+
+    text = metrics.render()
+    assert "nri_gpu_gpus_allocated_total 1\n" in text
+    assert "nri_gpu_inventory_gpus 2\n" in text
+    assert 'nri_gpu_errors_total{kind="refused"} 1\n' in text
+    assert 'nri_gpu_events_total{event="StartContainer"} 1\n' in text
+    assert metrics.steps.count(step="plan") == 2
+    assert metrics.steps.count(step="start") == 1
+    assert metrics.steps.count(step="start/procfs isolation") == 1
+
+
+def test_a_failed_start_counts_as_start_failed(node: SimNode) -> None:
+    from engine.errors import StartError
+
+    metrics = PluginMetrics()
+
+    async def starter(pid: int, work: StartWork, **kw: Any) -> None:
+        raise StartError(work.container, "enter", "no such process")
+
+    async def serve() -> None:
+        runtime = FakeRuntime()
+        stub = Stub(
+            gpu_plugin(node, metrics, starter), PluginConfig(), preconnected=await runtime.socketpair(), metrics=metrics
+        )
+        task = asyncio.ensure_future(stub.run())
+        try:
+            await runtime.wait_ready()
+            p, c = pod(annotations={"nvidia.com/gpus": "0"}), container("main")
+            c.pid = 7
+            with pytest.raises(StatusError):
+                await runtime.state_change(Event.START_CONTAINER, p, c)
+        finally:
+            stub.stop()
+            await asyncio.wait_for(task, 5)
+            await runtime.shutdown()
+
+    asyncio.run(serve())
+    assert metrics.errors.value(kind="start_failed") == 1
+    assert metrics.errors.value(kind="refused") == 0
+    assert metrics.steps.count(step="start") == 1

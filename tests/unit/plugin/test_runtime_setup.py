@@ -1,0 +1,375 @@
+"""``nri-gpu install`` / ``uninstall`` against real containerd configs, checked by containerd.
+
+The configs are what the real binaries of the test bed write (``containerd config
+default``: version 2 from containerd 1.7.24, version 3 from 2.1.9), and every file we
+write is loaded back by containerd itself (``containerd --config F config dump``).
+CRI-O has no package for this host (bookworm), so its drop-in is checked as TOML text.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tomlkit
+
+from plugin import setup_cli
+from plugin.__main__ import main
+from plugin.runtime_setup import (
+    CRIO_DROPIN_NAME,
+    NRI_TABLE,
+    backup_path,
+    containerd_changes,
+    containerd_enable,
+    containerd_revert,
+    crio_dropin,
+    crio_dropin_is_ours,
+    record_path,
+)
+from tests.testbed import debs, runtimes
+
+NRI = f'[plugins."{NRI_TABLE}"]'
+
+
+@pytest.fixture(scope="module")
+def containerd() -> dict[int, Path]:
+    """containerd binaries by config version: 2 -> 1.7.24, 3 -> 2.1.9."""
+    try:
+        return {2: runtimes.fetch("1.7.24").containerd, 3: runtimes.fetch("2.1.9").containerd}
+    except debs.DebUnavailable as exc:
+        pytest.skip(f"containerd packages unavailable: {exc}")
+
+
+def default_config(binary: Path) -> str:
+    return subprocess.run([binary, "config", "default"], check=True, capture_output=True, text=True).stdout
+
+
+def dump(binary: Path, path: Path) -> dict[str, Any]:
+    """The config as containerd loads it (fails the test if containerd rejects it)."""
+    done = subprocess.run([binary, "--config", path, "config", "dump"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return tomlkit.parse(done.stdout).unwrap()
+
+
+def nri_of(config: dict[str, Any]) -> dict[str, Any]:
+    table = config["plugins"][NRI_TABLE]
+    assert isinstance(table, dict)
+    return table
+
+
+def cli(*args: str) -> int:
+    return main(list(args), environ={})
+
+
+def files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+HAND_WRITTEN = """\
+# containerd config for gpu-node-7 -- managed by hand, see the runbook
+version = 2
+
+root = "/var/lib/containerd"   # on the NVMe disk
+state = "/run/containerd"
+
+[grpc]
+  # the default socket
+  address = "/run/containerd/containerd.sock"
+
+[plugins]
+  # CRI: keep the sandbox image pinned
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = "registry.k8s.io/pause:3.9"  # pinned
+
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      default_runtime_name = "runc"   # not nvidia: NRI does that
+
+  # NRI was off here
+  [plugins."io.containerd.nri.v1.nri"]
+    disable = true   # flipped by install
+    plugin_path = "/opt/nri/plugins"
+
+# metrics for the node exporter
+[metrics]
+  address = "127.0.0.1:1338"
+"""
+
+
+# ------------------------------------------------------------------ containerd 1.7 (version 2)
+
+
+def test_v2_default_install_enables_nri_and_uninstall_restores_bytes(
+    tmp_path: Path, containerd: dict[int, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.toml"
+    original = default_config(containerd[2]).encode()
+    config.write_bytes(original)
+    assert nri_of(dump(containerd[2], config))["disable"] is True
+
+    assert cli("install", "--runtime", "containerd", "--config", str(config)) == 0
+    out = capsys.readouterr().out
+    assert "disable = false (was true)" in out and "systemctl restart containerd" in out
+    assert nri_of(dump(containerd[2], config))["disable"] is False
+    # Only the one line changed.
+    before, after = original.decode().splitlines(), config.read_text().splitlines()
+    assert len(before) == len(after)
+    assert [(a, b) for a, b in zip(before, after, strict=True) if a != b] == [
+        ("    disable = true", "    disable = false")
+    ]
+    assert backup_path(config).read_bytes() == original
+
+    assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 0
+    assert config.read_bytes() == original
+    assert files(tmp_path) == {"config.toml": original}
+
+
+def test_install_twice_changes_nothing(
+    tmp_path: Path, containerd: dict[int, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(default_config(containerd[2]))
+    assert cli("install", "--runtime", "containerd", "--config", str(config), "--socket", "/run/nri/gpu.sock") == 0
+    first = files(tmp_path)
+    capsys.readouterr()
+    assert cli("install", "--runtime", "containerd", "--config", str(config), "--socket", "/run/nri/gpu.sock") == 0
+    out = capsys.readouterr().out
+    assert "already set up" in out and "systemctl" not in out
+    assert files(tmp_path) == first
+    assert nri_of(dump(containerd[2], config))["socket_path"] == "/run/nri/gpu.sock"
+
+
+def test_comment_rich_file_keeps_every_comment(tmp_path: Path, containerd: dict[int, Path]) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(HAND_WRITTEN)
+    assert cli("install", "--runtime", "containerd", "--config", str(config), "--socket", "/run/nri/gpu.sock") == 0
+    text = config.read_text()
+    for line in HAND_WRITTEN.splitlines():
+        if "#" in line and "flipped by install" not in line:
+            assert line in text, line
+    assert "    disable = false   # flipped by install" in text
+    loaded = dump(containerd[2], config)
+    assert nri_of(loaded)["disable"] is False and nri_of(loaded)["socket_path"] == "/run/nri/gpu.sock"
+    assert loaded["plugins"]["io.containerd.grpc.v1.cri"]["sandbox_image"] == "registry.k8s.io/pause:3.9"
+    assert loaded["metrics"]["address"] == "127.0.0.1:1338"
+    assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 0
+    assert config.read_text() == HAND_WRITTEN
+
+
+def test_file_without_the_nri_table_gets_it_appended(tmp_path: Path, containerd: dict[int, Path]) -> None:
+    original = HAND_WRITTEN.split("  # NRI was off here")[0] + "[metrics]\n  address = ''\n"
+    config = tmp_path / "config.toml"
+    config.write_text(original)
+    assert cli("install", "--runtime", "containerd", "--config", str(config)) == 0
+    assert config.read_text().startswith(original)  # the operator's part is untouched
+    assert nri_of(dump(containerd[2], config))["disable"] is False
+    assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 0
+    assert config.read_text() == original
+
+
+def test_operator_edit_after_install_reverts_only_our_keys(
+    tmp_path: Path, containerd: dict[int, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(HAND_WRITTEN)
+    assert cli("install", "--runtime", "containerd", "--config", str(config), "--socket", "/run/nri/gpu.sock") == 0
+    edited = config.read_text().replace('"127.0.0.1:1338"', '"0.0.0.0:1338"  # opened for prometheus')
+    config.write_text(edited)
+    capsys.readouterr()
+
+    assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 0
+    err = capsys.readouterr().err
+    assert "changed since install" in err and str(config) in err
+    assert config.read_text() == HAND_WRITTEN.replace('"127.0.0.1:1338"', '"0.0.0.0:1338"  # opened for prometheus')
+    assert files(tmp_path).keys() == {"config.toml"}
+    loaded = dump(containerd[2], config)
+    assert nri_of(loaded)["disable"] is True and nri_of(loaded)["socket_path"] == "/var/run/nri/nri.sock"
+
+
+def test_operator_changed_one_of_our_keys_is_left_alone() -> None:
+    changes = containerd_changes(HAND_WRITTEN, "/run/nri/gpu.sock")
+    enabled = containerd_enable(HAND_WRITTEN, changes)
+    edited = enabled.replace('socket_path = "/run/nri/gpu.sock"', 'socket_path = "/run/nri/other.sock"')
+    reverted, warnings = containerd_revert(edited, changes)
+    assert 'socket_path = "/run/nri/other.sock"' in reverted
+    assert "    disable = true   # flipped by install" in reverted
+    assert len(warnings) == 1 and "socket_path" in warnings[0] and NRI in warnings[0]
+
+
+def test_dry_run_writes_nothing_and_prints_the_diff(
+    tmp_path: Path, containerd: dict[int, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(default_config(containerd[2]))
+    before = files(tmp_path)
+    assert cli("install", "--runtime", "containerd", "--config", str(config), "--dry-run") == 0
+    out = capsys.readouterr().out
+    assert f"--- {config}" in out and "-    disable = true\n+    disable = false\n" in out
+    assert "nothing written" in out
+    assert files(tmp_path) == before
+
+    assert cli("install", "--runtime", "containerd", "--config", str(config)) == 0
+    installed = files(tmp_path)
+    assert cli("uninstall", "--runtime", "containerd", "--config", str(config), "--dry-run") == 0
+    assert "+    disable = true\n" in capsys.readouterr().out
+    assert files(tmp_path) == installed
+
+
+def test_missing_file_is_created_minimal_and_removed(
+    tmp_path: Path, containerd: dict[int, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "etc" / "config.toml"
+    assert cli("install", "--runtime", "containerd", "--config", str(config)) == 0
+    assert "created" in capsys.readouterr().out
+    for version in (2, 3):  # containerd 2.x reads a version 2 file too
+        assert nri_of(dump(containerd[version], config))["disable"] is False
+    assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 0
+    assert list(config.parent.iterdir()) == []
+
+
+def test_legacy_config_without_version_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text('[plugins.cri]\n  sandbox_image = "pause"\n')
+    before = files(tmp_path)
+    assert cli("install", "--runtime", "containerd", "--config", str(config)) == 1
+    err = capsys.readouterr().err
+    assert str(config) in err and "'version'" in err and "legacy" in err
+    assert files(tmp_path) == before
+
+
+def test_invalid_toml_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text("version = 2\n[plugins\n")
+    assert cli("install", "--runtime", "containerd", "--config", str(config)) == 1
+    assert "not valid TOML" in capsys.readouterr().err
+
+
+def test_uninstall_without_install_does_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(HAND_WRITTEN)
+    assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 0
+    assert "nothing to undo" in capsys.readouterr().out
+    assert config.read_text() == HAND_WRITTEN
+
+
+# ------------------------------------------------------------------ containerd 2.x (version 3)
+
+
+def test_v3_default_has_nothing_to_change(
+    tmp_path: Path, containerd: dict[int, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(default_config(containerd[3]))
+    before = files(tmp_path)
+    assert cli("install", "--runtime", "containerd", "--config", str(config), "--restart") == 0
+    out = capsys.readouterr().out
+    assert "NRI is on by default in containerd 2.x; nothing to change" in out and "systemctl" not in out
+    assert files(tmp_path) == before
+
+
+def test_v3_socket_change_round_trips(tmp_path: Path, containerd: dict[int, Path]) -> None:
+    config = tmp_path / "config.toml"
+    original = default_config(containerd[3]).encode()
+    config.write_bytes(original)
+    assert cli("install", "--runtime", "containerd", "--config", str(config), "--socket", "/run/nri/gpu.sock") == 0
+    assert nri_of(dump(containerd[3], config))["socket_path"] == "/run/nri/gpu.sock"
+    assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 0
+    assert config.read_bytes() == original
+    assert files(tmp_path).keys() == {"config.toml"}
+
+
+def test_v3_nri_disabled_by_operator_is_enabled(tmp_path: Path, containerd: dict[int, Path]) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(f"version = 3\n\n[plugins.'{NRI_TABLE}']\n  disable = true\n")
+    assert cli("install", "--runtime", "containerd", "--config", str(config)) == 0
+    assert nri_of(dump(containerd[3], config))["disable"] is False
+
+
+# ------------------------------------------------------------------ restart and usage
+
+
+def test_restart_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[list[str]] = []
+
+    def fake_run(cmd: list[str], check: bool) -> subprocess.CompletedProcess[str]:
+        ran.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(setup_cli.subprocess, "run", fake_run)
+    config = tmp_path / "config.toml"
+    assert cli("install", "--runtime", "containerd", "--config", str(config)) == 0
+    assert ran == []
+    assert cli("uninstall", "--runtime", "containerd", "--config", str(config), "--restart") == 0
+    assert ran == [["systemctl", "restart", "containerd"]]
+    assert cli("install", "--runtime", "crio", "--config", str(tmp_path), "--restart", "--dry-run") == 0
+    assert cli("install", "--runtime", "crio", "--config", str(tmp_path), "--restart") == 0
+    assert ran[1:] == [["systemctl", "restart", "crio"]]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["install"], ["install", "--runtime", "docker"], ["uninstall", "--runtime", "crio", "--socket", "/x"], ["config"]],
+)
+def test_usage_errors_exit_2(args: list[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli(*args)
+    assert exc.value.code == 2
+
+
+# ------------------------------------------------------------------ CRI-O drop-in (as text)
+
+
+def test_crio_dropin_create_and_remove(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli("install", "--runtime", "crio", "--config", str(tmp_path), "--socket", "/run/nri/crio.sock") == 0
+    dropin = tmp_path / CRIO_DROPIN_NAME
+    parsed = tomlkit.parse(dropin.read_text()).unwrap()
+    assert parsed == {"crio": {"nri": {"enable_nri": True, "nri_listen": "/run/nri/crio.sock"}}}
+    assert "systemctl restart crio" in capsys.readouterr().out
+    assert cli("install", "--runtime", "crio", "--config", str(tmp_path), "--socket", "/run/nri/crio.sock") == 0
+    assert "already set up" in capsys.readouterr().out
+    assert cli("uninstall", "--runtime", "crio", "--config", str(tmp_path)) == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_crio_dropin_without_socket() -> None:
+    assert tomlkit.parse(crio_dropin(None)).unwrap() == {"crio": {"nri": {"enable_nri": True}}}
+    assert crio_dropin_is_ours(crio_dropin(None)) and crio_dropin_is_ours(crio_dropin("/a b/'x\".sock"))
+
+
+def test_crio_changed_dropin_is_left_in_place(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli("install", "--runtime", "crio", "--config", str(tmp_path)) == 0
+    dropin = tmp_path / CRIO_DROPIN_NAME
+    dropin.write_text(dropin.read_text() + "nri_plugin_dir = '/srv/nri'\n")
+    capsys.readouterr()
+    assert cli("uninstall", "--runtime", "crio", "--config", str(tmp_path)) == 1
+    assert str(dropin) in capsys.readouterr().err
+    assert dropin.exists()
+    # and install does not overwrite someone else's file of that name either
+    assert cli("install", "--runtime", "crio", "--config", str(tmp_path)) == 1
+    assert "nri_plugin_dir" in dropin.read_text()
+
+
+def test_crio_dry_run_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli("install", "--runtime", "crio", "--config", str(tmp_path), "--dry-run") == 0
+    assert "+enable_nri = true" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_record_is_removed_with_the_backup(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(HAND_WRITTEN)
+    assert cli("install", "--runtime", "containerd", "--config", str(config)) == 0
+    assert record_path(config).exists() and backup_path(config).exists()
+    assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 0
+    assert not record_path(config).exists() and not backup_path(config).exists()
+
+
+def test_table_we_appended_is_removed_on_revert_after_an_operator_edit() -> None:
+    original = 'version = 2\n[plugins]\n  [plugins."io.containerd.grpc.v1.cri"]\n    sandbox_image = "x" # pinned\n'
+    changes = containerd_changes(original, "/run/nri/gpu.sock")
+    enabled = containerd_enable(original, changes) + "[metrics]\n  address = 'y'\n"
+    reverted, warnings = containerd_revert(enabled, changes)
+    assert warnings == []
+    assert NRI_TABLE not in reverted
+    assert reverted.startswith(original) and reverted.endswith("[metrics]\n  address = 'y'\n")
