@@ -58,26 +58,48 @@ class EngineConfig:
     """``driver_root``: where the driver's files live (``/``, or ``/run/nvidia/driver``
     with the GPU operator); ``dev_root``: under which ``dev/nvidia*`` are found;
     ``proc_root``: the procfs to read (``/proc``); ``ldconfig``: the trusted ldconfig
-    (ours, never the image's) that rebuilds a GPU container's ld.so cache."""
+    (ours, never the image's) that rebuilds a GPU container's ld.so cache;
+    ``host_root``: where the host's ``/`` appears to us. ``/`` on the host itself;
+    in a DaemonSet that mounts the host at ``/host``, the roots above are given as
+    ``/host/...`` (that is where we read) and every mount source we hand the
+    runtime is translated back to the host's own path (that is where runc binds
+    from)."""
 
     driver_root: str = "/"
     dev_root: str = "/"
     proc_root: str = "/proc"
     ldconfig: str = "/sbin/ldconfig"
+    host_root: str = "/"
     policy: Policy = dataclasses.field(default_factory=Policy)
 
     def __post_init__(self) -> None:
-        for key in ("driver_root", "dev_root", "proc_root", "ldconfig"):
+        for key in ("driver_root", "dev_root", "proc_root", "ldconfig", "host_root"):
             value = getattr(self, key)
             if not isinstance(value, str) or not value.startswith("/"):
                 raise EngineConfigError(f"engine.{key}: {value!r} must be an absolute path")
+
+    def to_host_path(self, path: str) -> str:
+        """``path`` as seen by us -> the same file as the runtime on the host sees it.
+
+        Matches whole components (``/host`` never matches ``/hostile``). Raises
+        EngineConfigError for a path outside ``host_root``: the runtime could not
+        bind it, so planning must refuse rather than emit a wrong source.
+        """
+        if self.host_root == "/":
+            return path
+        root = self.host_root.rstrip("/")
+        if path == root:
+            return "/"
+        if path.startswith(root + "/"):
+            return path[len(root) :]
+        raise EngineConfigError(f"{path} is outside engine.host_root {self.host_root}; the runtime cannot mount it")
 
     def with_roots(self, **roots: str | None) -> EngineConfig:
         changes: dict[str, Any] = {k: v for k, v in roots.items() if v is not None}
         return dataclasses.replace(self, **changes)
 
 
-_ROOT_KEYS = ("driver_root", "dev_root", "proc_root", "ldconfig")
+_ROOT_KEYS = ("driver_root", "dev_root", "proc_root", "ldconfig", "host_root")
 _BOOL_POLICY = ("accept_env_unprivileged", "accept_volume_mounts", "require_checks", "legacy_image_all_gpus")
 
 

@@ -71,7 +71,7 @@ def plan(request: GpuRequest, inventory: Inventory, config: EngineConfig) -> Pla
         gpus=gpus,
         capabilities=caps,
         devices=_devices(gpus, inventory, caps),
-        mounts=_mounts(libraries, files, config.driver_root),
+        mounts=_mounts(libraries, files, config),
         env=(
             ("NVIDIA_VISIBLE_DEVICES", ",".join(g.uuid for g in gpus) or "none"),
             ("NVIDIA_DRIVER_CAPABILITIES", ",".join(sorted(c.value for c in caps))),
@@ -105,9 +105,12 @@ def _libraries(libraries: tuple[Library, ...], caps: frozenset[Capability]) -> t
     return tuple(lib for lib in libraries if lib.capabilities & wanted and (lib.is_64bit or compat32))
 
 
-def _mounts(libraries: tuple[Library, ...], files: tuple[DriverFile, ...], driver_root: str) -> tuple[Mount, ...]:
+def _mounts(libraries: tuple[Library, ...], files: tuple[DriverFile, ...], config: EngineConfig) -> tuple[Mount, ...]:
+    driver_root = config.driver_root
+
     def host(node_path: str) -> str:
-        return node_path if driver_root == "/" else posixpath.join(driver_root, node_path.lstrip("/"))
+        ours = node_path if driver_root == "/" else posixpath.join(driver_root, node_path.lstrip("/"))
+        return config.to_host_path(ours)
 
     mounts = {lib.path: Mount(host(lib.path), lib.path, RO_OPTIONS) for lib in libraries}
     for f in files:

@@ -52,6 +52,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     roots.add_argument("--driver-root", metavar="DIR", help="where the driver's files live (default /)")
     roots.add_argument("--dev-root", metavar="DIR", help="under which dev/nvidia* are found (default /)")
     roots.add_argument("--proc-root", metavar="DIR", help="the procfs to read (default /proc)")
+    roots.add_argument("--host-root", metavar="DIR", help="where the host's / is mounted, in a container (default /)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,7 +112,7 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Setting
     plugin = plugin.with_overrides(name=environ.get("NRI_PLUGIN_NAME"), index=environ.get("NRI_PLUGIN_IDX"))
     try:
         engine = settings.engine.with_roots(
-            driver_root=args.driver_root, dev_root=args.dev_root, proc_root=args.proc_root
+            driver_root=args.driver_root, dev_root=args.dev_root, proc_root=args.proc_root, host_root=args.host_root
         )
     except EngineError as exc:
         raise ConfigError(str(exc).replace("engine.", "--").replace("_root", "-root")) from exc

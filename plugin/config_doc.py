@@ -83,6 +83,14 @@ OPTIONS: tuple[Option, ...] = (
         "point it only at a root-owned file.",
     ),
     Option(
+        "engine",
+        "host_root",
+        '"/"',
+        'Where the host\'s "/" appears to the plugin: "/" on the host; "/host" in a container\n'
+        'that mounts the host there (then give the roots above as "/host/..."). Mount\n'
+        "sources handed to the runtime are translated back to host paths.",
+    ),
+    Option(
         "policy",
         "accept_env_unprivileged",
         "true",

@@ -226,3 +226,39 @@ def test_golden(scenario: str, tmp_path: Path) -> None:
         path.parent.mkdir(exist_ok=True)
         path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     assert result == json.loads(path.read_text())
+
+
+def test_mount_sources_are_translated_to_host_paths_when_the_host_is_mounted_elsewhere(tmp_path: Path) -> None:
+    """The DaemonSet case: we read the node under host_root; runc binds from the host's own paths."""
+    node = Node(tmp_path / "host" / "node", gpus=1)
+    config = EngineConfig(
+        driver_root=str(node.sim.driver_root),
+        dev_root=str(node.sim.dev_root),
+        proc_root=str(node.sim.proc_root),
+        host_root=str(tmp_path / "host"),
+    )
+    info = ContainerInfo(name="main", env={"NVIDIA_VISIBLE_DEVICES": "0"})
+    outcome = parse_request(info, config.policy)
+    assert outcome.request is not None
+    p = plan(outcome.request, node.inventory, config)
+    cuda = next(m for m in p.mounts if m.destination.endswith("/libcuda.so.550.163.01"))
+    assert cuda.source == "/node/usr/lib/x86_64-linux-gnu/libcuda.so.550.163.01"
+    assert all(m.source.startswith("/node/") for m in p.mounts)
+
+
+@pytest.mark.parametrize(
+    ("host_root", "path", "expected"),
+    [
+        ("/", "/run/nvidia/driver/lib", "/run/nvidia/driver/lib"),
+        ("/host", "/host/run/nvidia/driver/lib", "/run/nvidia/driver/lib"),
+        ("/host/", "/host/usr/lib", "/usr/lib"),
+        ("/host", "/host", "/"),
+    ],
+)
+def test_to_host_path(host_root: str, path: str, expected: str) -> None:
+    assert EngineConfig(host_root=host_root).to_host_path(path) == expected
+
+
+def test_a_path_outside_the_host_root_is_refused() -> None:
+    with pytest.raises(EngineError, match=r"/hostile/lib is outside engine\.host_root /host"):
+        EngineConfig(host_root="/host").to_host_path("/hostile/lib")

@@ -136,3 +136,9 @@ def test_observability_defaults_file_and_flags(tmp_path: Path) -> None:
     assert (config.log_format, config.metrics_address) == ("text", "")
     with pytest.raises(ConfigError, match=re.escape("plugin.log_format: 'xml'")):
         from_toml('[plugin]\nlog_format = "xml"')
+
+
+def test_host_root_flag(tmp_path: Path) -> None:
+    args = build_parser().parse_args(["plan", "--host-root", "/host", "--driver-root", "/host/run/nvidia/driver"])
+    engine = load_config(args, {}).engine
+    assert (engine.host_root, engine.to_host_path(engine.driver_root)) == ("/host", "/run/nvidia/driver")
