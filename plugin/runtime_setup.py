@@ -87,6 +87,24 @@ def containerd_version(text: str, source: str = "config") -> int:
     return int(version)
 
 
+_CRI_NAMES = ("cri", "io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images")
+
+
+def check_cri_enabled(text: str, source: str = "config") -> None:
+    """Refuse a config whose ``disabled_plugins`` turns CRI off (Docker's containerd.io
+    package ships such a file): NRI only ever sees CRI containers, so enabling it
+    there would look done and give no GPU to anything."""
+    disabled = _parse(text, source).get("disabled_plugins") or []
+    if not isinstance(disabled, list):
+        raise SetupError(f"{source}: disabled_plugins is not a list")
+    off = [str(name) for name in disabled if str(name) in _CRI_NAMES]
+    if off:
+        raise SetupError(
+            f"{source}: disabled_plugins contains {', '.join(repr(n) for n in off)}: the CRI plugin is off, and NRI "
+            "only sees containers created through CRI (kubelet). Remove it from disabled_plugins first"
+        )
+
+
 def _nri_table(doc: tomlkit.TOMLDocument, source: str) -> Any:
     plugins = doc.get("plugins")
     if plugins is None:
@@ -311,6 +329,7 @@ def install_containerd(path: Path, socket: str | None, dry_run: bool = False) ->
         return result
     before = _decode(data, path)
     version = containerd_version(before, str(path))
+    check_cri_enabled(before, str(path))
     changes = containerd_changes(before, socket, str(path))
     if not changes:
         if record is not None:

@@ -373,3 +373,18 @@ def test_table_we_appended_is_removed_on_revert_after_an_operator_edit() -> None
     assert warnings == []
     assert NRI_TABLE not in reverted
     assert reverted.startswith(original) and reverted.endswith("[metrics]\n  address = 'y'\n")
+
+
+@pytest.mark.parametrize("name", ["cri", "io.containerd.grpc.v1.cri"])
+def test_a_config_with_cri_disabled_is_refused_and_left_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    # What Docker's containerd.io package ships: NRI would see no container at all.
+    config = tmp_path / "config.toml"
+    original = f'version = 2\ndisabled_plugins = ["{name}"]\n'
+    config.write_text(original)
+    assert main(["install", "--runtime", "containerd", "--config", str(config)], {}) == 1
+    err = capsys.readouterr().err
+    assert f"disabled_plugins contains '{name}'" in err and str(config) in err
+    assert config.read_text() == original
+    assert not list(tmp_path.glob("config.toml.nri-gpu*"))
