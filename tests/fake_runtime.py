@@ -14,14 +14,17 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
 from plugin._proto import nri_pb2 as api
+from plugin.config import PluginConfig
 from plugin.events import valid_events
+from plugin.metrics import PluginMetrics
+from plugin.stub import Stub
 from plugin.ttrpc import Code, InboundRequest, MuxConnection, StatusError
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
@@ -176,6 +179,28 @@ class FakeRuntime:
         if container is not None:
             req.container.CopyFrom(container)
         await self.call("StateChange", req, api.Empty)
+
+
+async def connected(
+    plugin: object,
+    body: Callable[[FakeRuntime, Stub], Awaitable[None]],
+    *,
+    metrics: PluginMetrics | None = None,
+    **runtime_kw: Any,
+) -> FakeRuntime:
+    """Serve ``plugin`` with our stub against a fake runtime over a socketpair, run
+    ``body`` once the handshake is done, then stop both."""
+    runtime = FakeRuntime(**runtime_kw)
+    stub = Stub(plugin, PluginConfig(), preconnected=await runtime.socketpair(), metrics=metrics)
+    task = asyncio.ensure_future(stub.run())
+    try:
+        await runtime.wait_ready()
+        await body(runtime, stub)
+    finally:
+        stub.stop()
+        await asyncio.wait_for(task, 5)
+        await runtime.shutdown()
+    return runtime
 
 
 @contextlib.asynccontextmanager

@@ -9,41 +9,19 @@ from typing import Any
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.discover import InventoryCache, discover
 from engine.errors import StartError
 from engine.start.work import StartWork
-from plugin.config import PluginConfig
 from plugin.events import Event
-from plugin.handlers import GpuPlugin
 from plugin.stub import Stub
 from plugin.ttrpc import StatusError
-from tests.fake_runtime import FakeRuntime, container, pod
+from tests.fake_runtime import FakeRuntime, connected, container, pod
 from tests.testbed.gpunode import SimNode, build_node
+from tests.unit.plugin.support import gpu_plugin
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
     return build_node(tmp_path_factory.mktemp("node"), gpus=4)
-
-
-def gpu_plugin(node: SimNode, starter: Any) -> GpuPlugin:
-    config = EngineConfig(driver_root=str(node.driver_root), dev_root=str(node.dev_root), proc_root=str(node.proc_root))
-    inventory = InventoryCache(config, take=lambda c: discover(c, cuda_version=lambda p: ("12.4", None)))
-    return GpuPlugin(config, inventory, starter=starter)
-
-
-async def serve(plugin: GpuPlugin, body: Any) -> None:
-    runtime = FakeRuntime()
-    stub = Stub(plugin, PluginConfig(), preconnected=await runtime.socketpair())
-    task = asyncio.ensure_future(stub.run())
-    try:
-        await runtime.wait_ready()
-        await body(runtime)
-    finally:
-        stub.stop()
-        await asyncio.wait_for(task, 5)
-        await runtime.shutdown()
 
 
 def test_start_gets_the_pid_and_the_planned_work(node: SimNode) -> None:
@@ -52,7 +30,7 @@ def test_start_gets_the_pid_and_the_planned_work(node: SimNode) -> None:
     async def starter(pid: int, work: StartWork, *, ldconfig: str, on_report: Any) -> None:
         calls.append((pid, work, ldconfig))
 
-    async def body(rt: FakeRuntime) -> None:
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
         p, c = pod("train", "ml", annotations={"nvidia.com/gpus": "1"}), container("main")
         reply = await rt.create_container(p, c)
         assert [d.path for d in reply.adjust.linux.devices if d.path[11:].isdigit()] == [
@@ -65,7 +43,7 @@ def test_start_gets_the_pid_and_the_planned_work(node: SimNode) -> None:
         plain.pid = 1
         await rt.state_change(Event.START_CONTAINER, pod("web"), plain)
 
-    asyncio.run(serve(gpu_plugin(node, starter), body))
+    asyncio.run(connected(gpu_plugin(node, starter), body))
     assert len(calls) == 1
     pid, work, ldconfig = calls[0]
     assert pid == 4242 and ldconfig == "/sbin/ldconfig"
@@ -79,7 +57,7 @@ def test_a_failed_start_names_container_and_step_once(node: SimNode) -> None:
     async def starter(pid: int, work: StartWork, **kw: Any) -> None:
         raise StartError(work.container, "procfs isolation", "bus id 0000:99:00.0 is not on this node")
 
-    async def body(rt: FakeRuntime) -> None:
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
         p, c = pod("train", "ml", annotations={"nvidia.com/gpus": "0"}), container("main")
         await rt.create_container(p, c)
         c.pid = 7
@@ -89,27 +67,27 @@ def test_a_failed_start_names_container_and_step_once(node: SimNode) -> None:
         assert msg.endswith("procfs isolation: bus id 0000:99:00.0 is not on this node")
         assert msg.count('container "main"') == 1
 
-    asyncio.run(serve(gpu_plugin(node, starter), body))
+    asyncio.run(connected(gpu_plugin(node, starter), body))
 
 
 def test_pid_zero_without_a_cgroup_is_a_clear_refusal(node: SimNode, tmp_path: Path) -> None:
     async def starter(pid: int, work: StartWork, **kw: Any) -> None:
         raise AssertionError("must not be called without a pid")
 
-    async def body(rt: FakeRuntime) -> None:
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
         p, c = pod(annotations={"nvidia.com/gpus": "0"}), container("main")
         c.linux.cgroups_path = "/nri-gpu-test-does-not-exist/abc"
         with pytest.raises(StatusError) as err:
             await rt.state_change(Event.START_CONTAINER, p, c)
         assert "StartContainer" in err.value.message and "cgroup" in err.value.message.lower()
 
-    asyncio.run(serve(gpu_plugin(node, starter), body))
+    asyncio.run(connected(gpu_plugin(node, starter), body))
 
 
 def test_create_refusal_reaches_the_runtime(node: SimNode) -> None:
-    async def body(rt: FakeRuntime) -> None:
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
         with pytest.raises(StatusError) as err:
             await rt.create_container(pod(annotations={"nvidia.com/gpus": "9"}), container("main"))
         assert "GPU 9 does not exist; this node has 4 GPUs" in err.value.message
 
-    asyncio.run(serve(gpu_plugin(node, lambda *a, **k: None), body))
+    asyncio.run(connected(gpu_plugin(node, lambda *a, **k: None), body))

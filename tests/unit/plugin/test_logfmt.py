@@ -9,18 +9,15 @@ from typing import Any
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.discover import InventoryCache, discover
 from engine.start.work import StartReport, StartWork
-from plugin.config import PluginConfig
 from plugin.events import Event
-from plugin.handlers import GpuPlugin
 from plugin.logfmt import TEXT_FORMAT, JsonFormatter, make_formatter
 from plugin.metrics import PluginMetrics
 from plugin.stub import Stub
 from plugin.ttrpc import StatusError
-from tests.fake_runtime import FakeRuntime, container, pod
+from tests.fake_runtime import FakeRuntime, connected, container, pod
 from tests.testbed.gpunode import SimNode, build_node
+from tests.unit.plugin.support import gpu_plugin
 
 
 def record(msg: str = "hello %s", args: tuple[Any, ...] = ("world",), **extra: Any) -> logging.LogRecord:
@@ -69,19 +66,13 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
     return build_node(tmp_path_factory.mktemp("node"), gpus=2)
 
 
-def gpu_plugin(node: SimNode, metrics: PluginMetrics, starter: Any) -> GpuPlugin:
-    config = EngineConfig(driver_root=str(node.driver_root), dev_root=str(node.dev_root), proc_root=str(node.proc_root))
-    inventory = InventoryCache(config, take=lambda c: discover(c, cuda_version=lambda p: ("12.4", None)))
-    return GpuPlugin(config, inventory, starter=starter, metrics=metrics)
-
-
 def test_decisions_are_structured_and_measured(node: SimNode, caplog: pytest.LogCaptureFixture) -> None:
     metrics = PluginMetrics()
 
     async def starter(pid: int, work: StartWork, *, ldconfig: str, on_report: Any) -> None:
         on_report(StartReport(timings_ms={"procfs isolation": 1.5, "total": 3.0}, procfs="", ldconfig_ran=False))
 
-    async def body(rt: FakeRuntime) -> None:
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
         p, c = pod("train", "ml", annotations={"nvidia.com/gpus": "1"}), container("main")
         await rt.create_container(p, c)
         c.pid = 42
@@ -89,21 +80,8 @@ def test_decisions_are_structured_and_measured(node: SimNode, caplog: pytest.Log
         with pytest.raises(StatusError):
             await rt.create_container(pod("bad", "ml", annotations={"nvidia.com/gpus": "7"}), container("x"))
 
-    async def serve() -> None:
-        runtime = FakeRuntime()
-        plugin = gpu_plugin(node, metrics, starter)
-        stub = Stub(plugin, PluginConfig(), preconnected=await runtime.socketpair(), metrics=metrics)
-        task = asyncio.ensure_future(stub.run())
-        try:
-            await runtime.wait_ready()
-            await body(runtime)
-        finally:
-            stub.stop()
-            await asyncio.wait_for(task, 5)
-            await runtime.shutdown()
-
     with caplog.at_level(logging.INFO, logger="plugin.handlers"):
-        asyncio.run(serve())
+        asyncio.run(connected(gpu_plugin(node, starter, metrics), body, metrics=metrics))
     lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records if hasattr(r, "nri_gpu")]
     allocated, started, refused = lines
     assert allocated["message"].startswith('container "main" in pod "ml/train": GPUs 1, capabilities ')
@@ -138,24 +116,13 @@ def test_a_failed_start_counts_as_start_failed(node: SimNode) -> None:
     async def starter(pid: int, work: StartWork, **kw: Any) -> None:
         raise StartError(work.container, "enter", "no such process")
 
-    async def serve() -> None:
-        runtime = FakeRuntime()
-        stub = Stub(
-            gpu_plugin(node, metrics, starter), PluginConfig(), preconnected=await runtime.socketpair(), metrics=metrics
-        )
-        task = asyncio.ensure_future(stub.run())
-        try:
-            await runtime.wait_ready()
-            p, c = pod(annotations={"nvidia.com/gpus": "0"}), container("main")
-            c.pid = 7
-            with pytest.raises(StatusError):
-                await runtime.state_change(Event.START_CONTAINER, p, c)
-        finally:
-            stub.stop()
-            await asyncio.wait_for(task, 5)
-            await runtime.shutdown()
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
+        p, c = pod(annotations={"nvidia.com/gpus": "0"}), container("main")
+        c.pid = 7
+        with pytest.raises(StatusError):
+            await rt.state_change(Event.START_CONTAINER, p, c)
 
-    asyncio.run(serve())
+    asyncio.run(connected(gpu_plugin(node, starter, metrics), body, metrics=metrics))
     assert metrics.errors.value(kind="start_failed") == 1
     assert metrics.errors.value(kind="refused") == 0
     assert metrics.steps.count(step="start") == 1

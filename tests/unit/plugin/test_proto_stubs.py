@@ -4,6 +4,7 @@ The golden bytes are the worked examples of the protocol notes (section 13); the
 were produced independently of our schema, so a wrong field number or type in
 ``plugin/_proto/nri.proto`` shows up here even without the conformance suite.
 """
+
 from __future__ import annotations
 
 import ast
@@ -58,7 +59,7 @@ def test_type_stubs_are_valid_python(stub: Path) -> None:
                 minor=3,
                 file_mode=nri_pb2.OptionalFileMode(value=0o666),
             ),
-            b"\x0a\x09/dev/null" b"\x12\x01c" b"\x18\x01" b"\x20\x03" b"\x2a\x03\x08\xb6\x03",
+            b"\x0a\x09/dev/null\x12\x01c\x18\x01\x20\x03\x2a\x03\x08\xb6\x03",
             id="linux-device-dev-null",
         ),
     ],

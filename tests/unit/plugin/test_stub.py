@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ from plugin.errors import PluginError, RegistrationError
 from plugin.events import Event
 from plugin.stub import Stub
 from plugin.ttrpc import Code, StatusError
-from tests.fake_runtime import FakeRuntime, container, listening, pod
+from tests.fake_runtime import FakeRuntime, connected, container, listening, pod
 
 
 def run(coro: Awaitable[Any]) -> Any:
@@ -51,24 +51,6 @@ class Recorder:
         self.shutdowns += 1
 
 
-async def with_stub(
-    plugin: object, body: Callable[[FakeRuntime, Stub], Awaitable[None]], **runtime_kw: Any
-) -> FakeRuntime:
-    """Connect ``plugin`` to a fake runtime over a socketpair, run ``body``, stop."""
-    runtime = FakeRuntime(**runtime_kw)
-    sock = await runtime.socketpair()
-    stub = Stub(plugin, PluginConfig(), preconnected=sock)
-    task = asyncio.ensure_future(stub.run())
-    try:
-        await runtime.wait_ready()
-        await body(runtime, stub)
-    finally:
-        stub.stop()
-        await asyncio.wait_for(task, 5)
-        await runtime.shutdown()
-    return runtime
-
-
 def test_mask_is_derived_from_the_handler_methods() -> None:
     stub = Stub(Recorder(), PluginConfig())
     assert stub.wanted_events == Event.CREATE_CONTAINER.bit | Event.START_CONTAINER.bit | Event.REMOVE_POD_SANDBOX.bit
@@ -79,7 +61,7 @@ def test_registers_with_name_and_index_and_subscribes() -> None:
         assert stub.registered
         assert stub.runtime is not None and stub.runtime.version == "1.7.24~ds1"
 
-    rt = run(with_stub(Recorder(), body))
+    rt = run(connected(Recorder(), body))
     assert [(r.plugin_name, r.plugin_idx) for r in rt.registrations] == [("nri-gpu", "10")]
     assert rt.events == 0x008 | 0x020 | 0x004
     assert rt.errors == []
@@ -109,7 +91,7 @@ def test_events_the_runtime_does_not_know_are_not_subscribed(
     async def body(rt: FakeRuntime, stub: Stub) -> None:
         pass
 
-    rt = run(with_stub(PodUpdater(), body, runtime_name=runtime, runtime_version=version, nri_version=nri))
+    rt = run(connected(PodUpdater(), body, runtime_name=runtime, runtime_version=version, nri_version=nri))
     assert rt.errors == []  # a mask beyond the valid set would have been refused
     assert rt.events == expected
 
@@ -119,7 +101,7 @@ def test_create_container_adjustment_reaches_the_runtime() -> None:
         reply = await rt.create_container(pod(annotations={"x": "42"}), container())
         assert [(kv.key, kv.value) for kv in reply.adjust.env] == [("SEEN", "42")]
 
-    run(with_stub(Recorder(), body))
+    run(connected(Recorder(), body))
 
 
 def test_handler_exception_becomes_a_status_naming_container_and_cause_and_connection_survives() -> None:
@@ -134,7 +116,7 @@ def test_handler_exception_becomes_a_status_naming_container_and_cause_and_conne
         reply = await rt.create_container(pod(), container("ok"))
         assert reply.adjust.env[0].key == "SEEN"
 
-    run(with_stub(Recorder(), body))
+    run(connected(Recorder(), body))
 
 
 def test_plugin_error_message_goes_through_unchanged() -> None:
@@ -144,7 +126,7 @@ def test_plugin_error_message_goes_through_unchanged() -> None:
         assert err.value.message.endswith(": GPU 7 does not exist on this node")
         assert "PluginError" not in err.value.message
 
-    run(with_stub(Recorder(), body))
+    run(connected(Recorder(), body))
 
 
 def test_state_change_and_v012_dedicated_rpcs_reach_the_same_handler() -> None:
@@ -169,7 +151,7 @@ def test_state_change_and_v012_dedicated_rpcs_reach_the_same_handler() -> None:
         # An event number from the future is ignored.
         await rt.state_change(99, pod("a"))
 
-    run(with_stub(plugin, body))
+    run(connected(plugin, body))
     assert plugin.calls == [
         ("start_container", ("a", "c1")),
         ("start_container", ("b", "c2")),
@@ -191,7 +173,7 @@ def test_unknown_method_and_service_are_unimplemented() -> None:
             await rt.conn.call("nri.pkg.api.v1alpha1.Plugin", "CreateContainer", b"\xff\xff\xff")
         assert err.value.code == Code.INVALID_ARGUMENT
 
-    run(with_stub(Recorder(), body))
+    run(connected(Recorder(), body))
 
 
 def test_split_synchronize_is_accumulated_and_answered_more() -> None:
@@ -202,7 +184,7 @@ def test_split_synchronize_is_accumulated_and_answered_more() -> None:
     async def body(rt: FakeRuntime, stub: Stub) -> None:
         pass
 
-    rt = run(with_stub(plugin, body, pods=pods, containers=ctrs, sync_chunk=2))
+    rt = run(connected(plugin, body, pods=pods, containers=ctrs, sync_chunk=2))
     assert [r.more for r in rt.sync_replies] == [True, True, True, False]
     assert plugin.synced == [(3, 4)]
     assert rt.errors == []
@@ -213,7 +195,7 @@ def test_update_containers_reaches_the_runtime() -> None:
         failed = await stub.update_containers([api.ContainerUpdate(container_id="abc")])
         assert failed == []
 
-    rt = run(with_stub(Recorder(), body))
+    rt = run(connected(Recorder(), body))
     assert [u.container_id for r in rt.updates for u in r.update] == ["abc"]
 
 
@@ -223,7 +205,7 @@ def test_stop_returns_from_run_and_calls_shutdown_once() -> None:
     async def body(rt: FakeRuntime, stub: Stub) -> None:
         pass
 
-    run(with_stub(plugin, body))
+    run(connected(plugin, body))
     assert plugin.shutdowns == 1
 
 
@@ -295,4 +277,4 @@ def test_validate_handler_rejection_is_a_reject_reply() -> None:
         )
         assert reply.reject and reply.reason.endswith("no hooks allowed")
 
-    run(with_stub(Validator(), body, runtime_version="2.2.1"))
+    run(connected(Validator(), body, runtime_version="2.2.1"))
