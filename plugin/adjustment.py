@@ -13,6 +13,7 @@ from __future__ import annotations
 from engine.model import Plan
 from plugin._proto import nri_pb2 as api
 from plugin.errors import PluginError
+from plugin.request import env_map
 
 # Records what the container was given, for people and tools reading the spec.
 GPUS_ANNOTATION = "nri-gpu.io/gpus"
@@ -36,7 +37,7 @@ def to_adjustment(plan: Plan, container: api.Container) -> api.ContainerAdjustme
                 f"the container already mounts {source} at {mount.destination}, where its GPU driver file goes"
             )
         adjust.mounts.add(destination=mount.destination, type="bind", source=mount.source, options=list(mount.options))
-    env = dict(e.partition("=")[::2] for e in container.env)
+    env = env_map(container)
     for key, value in plan.env:
         if env.get(key) != value:
             adjust.env.add(key=key, value=value)

@@ -29,11 +29,17 @@ def may_request(pod: api.PodSandbox, container: api.Container, policy: Policy) -
     return policy.accept_volume_mounts and any(m.destination.startswith(_MARKER_PREFIX) for m in container.mounts)
 
 
-def container_info(pod: api.PodSandbox, container: api.Container) -> ContainerInfo:
+def env_map(container: api.Container) -> dict[str, str]:
+    """The container's ``KEY=VALUE`` list as a dict; the first wins, as getenv(3) sees it."""
     env: dict[str, str] = {}
     for entry in container.env:
         key, _, value = entry.partition("=")
-        env.setdefault(key, value)  # the first wins, as getenv(3) sees it
+        env.setdefault(key, value)
+    return env
+
+
+def container_info(pod: api.PodSandbox, container: api.Container) -> ContainerInfo:
+    env = env_map(container)
     return ContainerInfo(
         name=container.name,
         pod_name=pod.name,

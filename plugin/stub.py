@@ -296,8 +296,7 @@ class Stub:
         # NRI v0.12 sends the notification events as dedicated RPCs; each carries
         # the same pod/container pair StateChange did and answers an empty reply.
         for event, (request_type, reply_type) in _NOTIFICATION_RPCS.items():
-            rpc = "".join(part.capitalize() for part in event.name.split("_"))
-            routes[rpc] = self._notification_route(event, request_type, reply_type)
+            routes[_rpc_name(event)] = self._notification_route(event, request_type, reply_type)
         return routes
 
     def _notification_route(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -139,4 +138,3 @@ def test_inventory_is_taken_again_when_the_driver_changes(tmp_path: Path) -> Non
 
 def test_fingerprint_of_a_node_without_driver(tmp_path: Path) -> None:
     assert fingerprint(EngineConfig(proc_root=str(tmp_path))) == ("", ())
-    assert os.path.isdir(tmp_path)

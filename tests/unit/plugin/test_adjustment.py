@@ -92,3 +92,9 @@ def test_driver_only_plan_is_annotated_none() -> None:
         to_adjustment(Plan(env=(("NVIDIA_VISIBLE_DEVICES", "none"),)), container()).annotations[GPUS_ANNOTATION]
         == "none"
     )
+
+
+def test_env_already_set_is_judged_as_the_process_sees_it() -> None:
+    # getenv(3) returns the first entry: a later duplicate does not make ours redundant.
+    ctr = container(env=["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=GPU-1"])
+    assert [(e.key, e.value) for e in to_adjustment(PLAN, ctr).env] == [("NVIDIA_VISIBLE_DEVICES", "GPU-1")]
