@@ -23,7 +23,7 @@ from engine.request import parse_request
 from engine.start.runner import find_init_pid, run_start_async
 from engine.start.work import start_work
 from plugin._proto import nri_pb2 as api
-from plugin.adjustment import to_adjustment
+from plugin.adjustment import GPUS_ANNOTATION, to_adjustment
 from plugin.errors import PluginError
 from plugin.metrics import STEP_PLAN, STEP_START, PluginMetrics
 from plugin.request import container_info, describe, may_request
@@ -50,8 +50,8 @@ class GpuPlugin:
         self._metrics = metrics
         if metrics is not None:
             metrics.inventory_gpus.set(len(self._inventory.get().gpus))
-        # Plans made at CreateContainer, used at StartContainer; a miss (the plugin
-        # restarted in between) is planned again from the same inputs.
+        # Plans made at CreateContainer, used at StartContainer; a miss is
+        # planned again or refused (``_replan``).
         self._pending: dict[str, Plan] = {}
 
     def _plan(self, pod: api.PodSandbox, container: api.Container) -> Plan | None:
@@ -132,10 +132,18 @@ class GpuPlugin:
         if not may_request(pod, container, self._config.policy):
             return
         began = time.perf_counter()
-        plan = self._pending.pop(container.id, None) or self._plan(pod, container)
+        who = describe(pod, container)
+        try:
+            plan = self._pending.pop(container.id, None) or self._replan(pod, container)
+        except PluginError as exc:
+            ms = self._took(STEP_START, began)
+            fields = _fields(
+                "StartContainer", pod, container, decision="start_refused", reason=str(exc), duration_ms=ms
+            )
+            logger.warning("%s: start refused: %s", who, exc, extra={"nri_gpu": fields})
+            raise
         if plan is None:
             return
-        who = describe(pod, container)
         try:
             pid = container.pid or find_init_pid(container.linux.cgroups_path, container=who)
             await self._starter(
@@ -157,6 +165,29 @@ class GpuPlugin:
         logger.info(
             "%s: started with GPUs %s (%.1f ms)", who, ",".join(bus_ids) or "none", ms, extra={"nri_gpu": fields}
         )
+
+    def _replan(self, pod: api.PodSandbox, container: api.Container) -> Plan | None:
+        """The plan of a container created without this process's knowledge.
+
+        Either an earlier run of the plugin created it (it carries our
+        annotation: plan again from the same inputs, which must give the same
+        GPUs), or it was created while no plugin was connected (it asks for GPUs
+        but has none of their devices or files): fail closed, never start a GPU
+        container half-equipped.
+        """
+        plan = self._plan(pod, container)
+        if plan is None:
+            return None
+        given = container.annotations.get(GPUS_ANNOTATION)
+        if given is None:
+            raise PluginError(
+                "it asks for GPUs but was created while nri-gpu was not connected, so it has none of their "
+                "devices or driver files; delete it and create it again"
+            )
+        planned = ",".join(g.uuid for g in plan.gpus) or "none"
+        if given != planned:
+            raise PluginError(f"it was created with GPUs {given}, but its request now selects {planned}")
+        return plan
 
     async def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         self._pending.pop(container.id, None)

@@ -76,6 +76,7 @@ def test_pid_zero_without_a_cgroup_is_a_clear_refusal(node: SimNode, tmp_path: P
 
     async def body(rt: FakeRuntime, stub: Stub) -> None:
         p, c = pod(annotations={"nvidia.com/gpus": "0"}), container("main")
+        await rt.create_container(p, c)
         c.linux.cgroups_path = "/nri-gpu-test-does-not-exist/abc"
         with pytest.raises(StatusError) as err:
             await rt.state_change(Event.START_CONTAINER, p, c)
@@ -91,3 +92,53 @@ def test_create_refusal_reaches_the_runtime(node: SimNode) -> None:
         assert "GPU 9 does not exist; this node has 4 GPUs" in err.value.message
 
     asyncio.run(connected(gpu_plugin(node, lambda *a, **k: None), body))
+
+
+def _recording_starter(calls: list[StartWork]) -> Any:
+    async def starter(pid: int, work: StartWork, **kw: Any) -> None:
+        calls.append(work)
+
+    return starter
+
+
+def test_start_without_our_create_fails_closed(node: SimNode) -> None:
+    """CreateContainer happened while no plugin was connected: no devices, so no start."""
+    calls: list[StartWork] = []
+
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
+        p, c = pod("train", "ml", annotations={"nvidia.com/gpus": "0"}), container("main")
+        c.pid = 99
+        with pytest.raises(StatusError) as err:
+            await rt.state_change(Event.START_CONTAINER, p, c)
+        assert "was created while nri-gpu was not connected" in err.value.message
+        assert 'container "main"' in err.value.message
+        # A container that asks for nothing is still nobody's business.
+        plain = container("plain")
+        plain.pid = 98
+        await rt.state_change(Event.START_CONTAINER, pod("web"), plain)
+
+    asyncio.run(connected(gpu_plugin(node, _recording_starter(calls)), body))
+    assert calls == []
+
+
+def test_start_after_a_plugin_restart_uses_the_recorded_gpus(node: SimNode) -> None:
+    """An earlier run of the plugin created it: same GPUs again, or a refusal if they moved."""
+    calls: list[StartWork] = []
+
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
+        p = pod("train", "ml", annotations={"nvidia.com/gpus": "2"})
+        c = container("main")
+        c.pid = 77
+        c.annotations["nri-gpu.io/gpus"] = node.gpus[2].uuid
+        await rt.state_change(Event.START_CONTAINER, p, c)
+        moved = container("other")
+        moved.pid = 78
+        moved.annotations["nri-gpu.io/gpus"] = node.gpus[1].uuid
+        with pytest.raises(StatusError) as err:
+            await rt.state_change(Event.START_CONTAINER, p, moved)
+        assert f"created with GPUs {node.gpus[1].uuid}, but its request now selects {node.gpus[2].uuid}" in (
+            err.value.message
+        )
+
+    asyncio.run(connected(gpu_plugin(node, _recording_starter(calls)), body))
+    assert [w.visible_bus_ids for w in calls] == [(node.gpus[2].bus_id,)]
