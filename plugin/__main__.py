@@ -2,7 +2,8 @@
 
 Commands: ``run`` (the NRI plugin), ``info`` (what discovery finds on this node),
 ``plan`` (what a container with the given env and pod annotations would get),
-``config default``, ``install`` and ``uninstall`` (node setup, in ``setup_cli``).
+``config default``, ``install`` and ``uninstall`` (node setup, in ``setup_cli``),
+``cdi generate`` and ``hook start-container`` (the CDI path, in ``cdi_cli``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from engine.errors import EngineError
 from engine.plan import plan
 from engine.report import inventory_text, inventory_to_dict, plan_text, plan_to_dict
 from engine.request import ContainerInfo, parse_request
-from plugin import setup_cli
+from plugin import cdi_cli, setup_cli
 from plugin.config import (
     DEFAULT_INDEX,
     DEFAULT_METRICS_ADDRESS,
@@ -87,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cmd.add_argument("--json", action="store_true", help="print JSON instead of text")
     _add_common(plan_cmd)
     setup_cli.add_commands(commands)
+    cdi_cli.add_commands(commands, _add_common)
     return parser
 
 
@@ -221,6 +223,16 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         args = build_parser().parse_args(["run"])
     if args.command in setup_cli.COMMANDS:
         return setup_cli.main(args)
+    if args.command == "hook":
+        # Everything comes from the arguments the CDI spec holds: no config file, no env.
+        try:
+            engine = EngineConfig().with_roots(
+                driver_root=args.driver_root, dev_root=args.dev_root, proc_root=args.proc_root
+            )
+        except EngineError as exc:
+            print(f"nri-gpu hook: {exc}", file=sys.stderr)
+            return 2
+        return cdi_cli.main(args, engine, sys.argv)
     try:
         settings = load_config(args, environ)
         sock = preconnected_socket(environ) if args.command == "run" else None
@@ -236,6 +248,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     )
     if args.command == "info":
         return _info(args, settings.engine)
+    if args.command == "cdi":
+        return cdi_cli.main(args, settings.engine, sys.argv)
     if args.command == "plan":
         try:
             return _plan(args, settings.engine)

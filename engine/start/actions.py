@@ -34,7 +34,7 @@ from engine.start import ldconfig, links, mountinfo, procview, syscalls
 from engine.start.rootdir import RootDir, describe
 from engine.start.work import StartReport, StartWork, WorkError
 
-__all__ = ["StepFailed", "perform"]
+__all__ = ["StepFailed", "perform", "perform_in_bundle"]
 
 
 class StepFailed(Exception):
@@ -75,8 +75,6 @@ class _Steps:
 class _Host:
     """Host-side handles, all opened before entering the container."""
 
-    mntns: int
-    host_root: os.stat_result
     trusted: ldconfig.Trusted | None = None
     proc_source: procview.Source | None = None
 
@@ -94,16 +92,62 @@ def perform(
     started = time.perf_counter()
     step = _Steps(on_step)
     with step("enter"):
-        host = _open_host(pid, work, step, ldconfig_path)
+        mntns, host = _open_host(pid, work, step, ldconfig_path)
+        host_root = os.stat("/")
         # Joining a mount namespace needs a root and cwd no other thread shares.
         # A fork has one thread, unless a library's at-fork handler starts more
         # (gRPC's does): this thread's own copy makes setns work either way.
         syscalls.unshare(syscalls.CLONE_FS)
-        syscalls.setns(host.mntns, syscalls.CLONE_NEWNS)
+        syscalls.setns(mntns, syscalls.CLONE_NEWNS)
         root = RootDir.current()
-        here = os.fstat(root.fd)
-        if (here.st_dev, here.st_ino) == (host.host_root.st_dev, host.host_root.st_ino):
-            raise WorkError(f"process {pid} has the plugin's own root: not a container")
+        _refuse_host_root(root, host_root, f"process {pid} has the plugin's own root: not a container")
+    return _steps(root, host, work, step, deadline, started)
+
+
+def perform_in_bundle(
+    rootfs: str,
+    work: StartWork,
+    *,
+    ldconfig_path: str,
+    deadline: float,
+    on_step: Callable[[str], None] | None = None,
+) -> StartReport:
+    """Do ``work`` from an OCI ``createContainer`` hook.
+
+    Such a hook runs in the container's namespaces, but before ``pivot_root``:
+    the host's files are still visible at their paths and the container's root
+    is the directory ``rootfs`` (the bundle's ``root.path``, with the spec's
+    mounts already under it). Nothing is entered; the root is opened as the
+    ``RootDir`` every path is resolved against, and ldconfig is confined to it
+    with ``chroot`` as well. Raises ``StepFailed``.
+    """
+    started = time.perf_counter()
+    step = _Steps(on_step)
+    with step("enter"):
+        try:
+            fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise WorkError(f"container root {rootfs}: {exc.strerror}") from exc
+        root = RootDir(fd)
+        _refuse_host_root(root, os.stat("/"), f"container root {rootfs} is the host's own root")
+        host = _Host()
+        if work.ldconfig_folders:
+            with step("ldconfig"):
+                host.trusted = _trusted_here(root, rootfs, ldconfig_path)
+        if work.proc_source is not None:
+            with step("procfs isolation"):
+                host.proc_source = _host_source(work)
+    return _steps(root, host, work, step, deadline, started)
+
+
+def _refuse_host_root(root: RootDir, host_root: os.stat_result, message: str) -> None:
+    here = os.fstat(root.fd)
+    if (here.st_dev, here.st_ino) == (host_root.st_dev, host_root.st_ino):
+        raise WorkError(message)
+
+
+def _steps(root: RootDir, host: _Host, work: StartWork, step: _Steps, deadline: float, started: float) -> StartReport:
+    """The steps proper, in the container's root (see the module doc)."""
     with step("procfs isolation"):
         procfs = procview.isolate(root, work.visible_bus_ids, host.proc_source)
     ran = False
@@ -124,7 +168,8 @@ def perform(
     return StartReport(timings_ms=step.timings, procfs=procfs, ldconfig_ran=ran)
 
 
-def _open_host(pid: int, work: StartWork, step: _Steps, ldconfig_path: str) -> _Host:
+def _open_host(pid: int, work: StartWork, step: _Steps, ldconfig_path: str) -> tuple[int, _Host]:
+    """The container's mount namespace and what the steps need from the host."""
     if pid <= 0:
         raise WorkError(f"no container process (pid {pid})")
     try:
@@ -136,14 +181,14 @@ def _open_host(pid: int, work: StartWork, step: _Steps, ldconfig_path: str) -> _
         mntns = os.open("ns/mnt", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
         if os.fstat(mntns).st_ino == os.stat("/proc/self/ns/mnt").st_ino:
             raise WorkError(f"process {pid} shares the plugin's mount namespace: not a container")
-        host = _Host(mntns=mntns, host_root=os.stat("/"))
+        host = _Host()
         if work.ldconfig_folders:
             with step("ldconfig"):
                 host.trusted = _trusted(proc, ldconfig_path)
         if work.proc_source is not None:
             with step("procfs isolation"):
                 host.proc_source = _host_source(work)
-        return host
+        return mntns, host
     finally:
         os.close(proc)
 
@@ -182,6 +227,28 @@ def _trusted(proc: int, path: str) -> ldconfig.Trusted:
         own_pid_namespace=own,
         proc_mounts=points,
         devnull=devnull,
+    )
+
+
+def _trusted_here(root: RootDir, rootfs: str, path: str) -> ldconfig.Trusted:
+    """``Trusted`` for a hook: already in the container's namespaces, so none to
+    join; the root is ``chroot``ed into; the procfs mounts to cover are those
+    under ``rootfs`` in this mount namespace."""
+    binary = ldconfig.open_trusted(path)
+    prefix = os.path.realpath(rootfs).rstrip("/")
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+        points = mountinfo.proc_mount_points(f.read())
+    inside = tuple(point[len(prefix) :] for point in points if point.startswith(prefix + "/"))
+    devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+    return ldconfig.Trusted(
+        path=path,
+        binary=binary,
+        namespaces=(),
+        pid_namespace=None,
+        own_pid_namespace=None,
+        proc_mounts=inside,
+        devnull=devnull,
+        chroot=root.fd,
     )
 
 

@@ -52,7 +52,8 @@ class Trusted:
     container's net, IPC and UTS namespaces; ``pid_namespace``: its pid namespace
     (joined for the ldconfig process) and ``own_pid_namespace`` the worker's (set
     back afterwards); ``proc_mounts``: mount points of its procfs mounts;
-    ``devnull``: the host's ``/dev/null``, for stdin.
+    ``devnull``: the host's ``/dev/null``, for stdin; ``chroot``: the root to
+    change into first, when ``/`` is not yet the container's (hook mode).
     """
 
     path: str
@@ -62,6 +63,7 @@ class Trusted:
     own_pid_namespace: int | None
     proc_mounts: tuple[str, ...]
     devnull: int
+    chroot: int | None = None  # a hook's container root (not yet pivoted to): ldconfig's root
 
 
 def exec_confined(trusted: Trusted, output: int, cache_mount: int) -> None:
@@ -83,6 +85,12 @@ def exec_confined(trusted: Trusted, output: int, cache_mount: int) -> None:
         # a parent that died in between is noticed by the parent pid changing.
         parent = os.getppid()
         syscalls.parent_death_signal(signal.SIGKILL)
+        if trusted.chroot is not None:
+            # A hook, before pivot_root: "/" is still the host's. Changed into
+            # before unshare, which moves root and cwd to the new namespace's
+            # copies (the fd itself would keep naming the old namespace's mount).
+            os.fchdir(trusted.chroot)
+            os.chroot(".")
         # A private copy of the container's mount namespace: what is covered
         # here is covered for ldconfig only, never for the container.
         syscalls.unshare(syscalls.CLONE_NEWNS)

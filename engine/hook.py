@@ -1,0 +1,140 @@
+"""The CDI path's ``createContainer`` hook: the StartContainer work, run by the runtime.
+
+runc runs a ``createContainer`` hook in the container's namespaces after the
+spec's mounts are in place and before ``pivot_root``, with the OCI state on
+stdin. The container's root is then the bundle's ``root.path`` directory, not
+``/``; the host's files are still at their paths (the hook's own executable,
+the trusted ldconfig, a simulated node's procfs). The GPUs are the ones the
+CDI devices put into the bundle's ``config.json`` (``linux.devices``); the
+capabilities are those the spec was generated for (the hook's arguments).
+
+The parsing half is pure; ``run_hook`` does the I/O and the work
+(``engine.start.actions.perform_in_bundle``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.errors import EngineError, StartError
+from engine.model import Capability, Inventory
+from engine.plan import plan as make_plan
+from engine.request import ByIndex, GpuRequest, Selection
+from engine.start import actions
+from engine.start.work import StartReport, start_work
+
+__all__ = ["HookError", "HookState", "gpu_request", "parse_state", "rootfs", "run_hook"]
+
+_STATE_LIMIT = 1 << 20
+_CONFIG_LIMIT = 16 << 20
+DEFAULT_HOOK_TIMEOUT = 10.0  # no NRI deadline here; the runtime waits for the hook
+
+
+class HookError(EngineError):
+    """The OCI state or the bundle's config cannot be used (the message names the value)."""
+
+
+@dataclass(frozen=True)
+class HookState:
+    container_id: str
+    bundle: str
+
+
+def parse_state(data: bytes) -> HookState:
+    """The OCI state a hook reads on stdin (``id``, ``bundle``).
+
+    >>> parse_state(b'{"ociVersion": "1.0.2", "id": "abc", "status": "creating", "bundle": "/b"}')
+    HookState(container_id='abc', bundle='/b')
+    """
+    if len(data) > _STATE_LIMIT:
+        raise HookError(f"the OCI state on stdin is over {_STATE_LIMIT} bytes")
+    try:
+        state = json.loads(data)
+    except ValueError as exc:
+        raise HookError(f"the OCI state on stdin is not JSON: {exc}") from exc
+    if not isinstance(state, dict):
+        raise HookError("the OCI state on stdin is not a JSON object")
+    container, bundle = state.get("id"), state.get("bundle")
+    if not isinstance(container, str) or not container:
+        raise HookError(f"the OCI state has no container id (id: {container!r})")
+    if not isinstance(bundle, str) or not bundle.startswith("/"):
+        raise HookError(f"the OCI state's bundle {bundle!r} is not an absolute path")
+    return HookState(container, bundle)
+
+
+def rootfs(bundle: str, config: Mapping[str, Any]) -> str:
+    """The container's root directory: ``root.path``, relative to the bundle unless absolute."""
+    root = config.get("root")
+    path = root.get("path") if isinstance(root, dict) else None
+    if not isinstance(path, str) or not path:
+        raise HookError(f"{bundle}/config.json has no root.path")
+    return os.path.normpath(os.path.join(bundle, path))
+
+
+def gpu_request(config: Mapping[str, Any], inventory: Inventory, capabilities: frozenset[Capability]) -> GpuRequest:
+    """The GPUs whose ``/dev/nvidiaN`` (by major and minor) are in ``linux.devices``."""
+    linux = config.get("linux")
+    devices = linux.get("devices") if isinstance(linux, dict) else None
+    minors: set[int] = set()
+    for device in devices if isinstance(devices, list) else ():
+        if (
+            isinstance(device, dict)
+            and device.get("type") == "c"
+            and inventory.nvidia_major is not None
+            and device.get("major") == inventory.nvidia_major
+            and isinstance(device.get("minor"), int)
+        ):
+            minors.add(device["minor"])
+    ids = tuple(ByIndex(g.index) for g in sorted(inventory.gpus, key=lambda g: g.index) if g.minor in minors)
+    return GpuRequest(Selection.LIST if ids else Selection.NONE, ids, capabilities, (), "CDI devices")
+
+
+def run_hook(
+    state_data: bytes,
+    config: EngineConfig,
+    capabilities: frozenset[Capability],
+    inventory: Callable[[], Inventory],
+    *,
+    timeout: float = DEFAULT_HOOK_TIMEOUT,
+) -> StartReport:
+    """Read the bundle, plan, and do the start work in the container's root.
+
+    Raises HookError (state, config), the planning errors, or StartError naming
+    the step that failed.
+    """
+    deadline = time.monotonic() + timeout
+    state = parse_state(state_data)
+    bundle_config = _read_config(state.bundle)
+    root = rootfs(state.bundle, bundle_config)
+    node = inventory()
+    plan = make_plan(gpu_request(bundle_config, node, capabilities), node, config)
+    who = f"container {state.container_id}"
+    work = start_work(plan, who, config.proc_root)
+    try:
+        return actions.perform_in_bundle(root, work, ldconfig_path=config.ldconfig, deadline=deadline)
+    except actions.StepFailed as exc:
+        raise StartError(who, exc.step, str(exc)) from exc
+
+
+def _read_config(bundle: str) -> dict[str, Any]:
+    path = os.path.join(bundle, "config.json")
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_CONFIG_LIMIT + 1)
+    except OSError as exc:
+        raise HookError(f"{path}: {exc.strerror}") from exc
+    if len(data) > _CONFIG_LIMIT:
+        raise HookError(f"{path} is over {_CONFIG_LIMIT} bytes")
+    try:
+        config = json.loads(data)
+    except ValueError as exc:
+        raise HookError(f"{path}: not JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise HookError(f"{path}: not a JSON object")
+    return config

@@ -1,0 +1,141 @@
+"""``nri-gpu cdi generate`` and ``nri-gpu hook start-container``: the CDI path.
+
+For runtimes that never reach NRI (nerdctl, podman, containerd with a CDI
+annotation): ``cdi generate`` writes a CDI spec from the node's inventory
+(``engine.cdi``); the runtime runs its ``createContainer`` hook, ``hook
+start-container``, which does the StartContainer work (``engine.hook``).
+
+Exit codes: 0 done, 1 refused (the message says why), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+from engine.cdi import cdi_spec, hook_command
+from engine.config import EngineConfig
+from engine.discover import discover
+from engine.errors import EngineError, RequestError
+from engine.hook import run_hook
+from engine.model import Capability
+from engine.request import DRIVER_CAPABILITIES, parse_capabilities
+
+COMMANDS = ("cdi", "hook")
+_EXECUTABLE = "nri-gpu"
+
+
+def add_commands(commands: Any, add_roots: Any) -> None:
+    """Add the commands to ``commands`` (the parser's subparsers action);
+    ``add_roots(parser)`` adds the common root and config flags."""
+    cdi = commands.add_parser("cdi", help="write a CDI spec for nerdctl, podman and other CDI users")
+    cdi.add_argument("action", choices=("generate",), help="generate: the spec of this node's GPUs")
+    cdi.add_argument("--output", metavar="FILE", help="write the spec here (atomically) instead of stdout")
+    cdi.add_argument(
+        "--capabilities",
+        metavar="LIST",
+        help="driver capabilities the spec gives, as NVIDIA_DRIVER_CAPABILITIES (default utility,compute)",
+    )
+    cdi.add_argument("--hook-path", metavar="PATH", help="absolute path of nri-gpu on the host (default: this nri-gpu)")
+    cdi.add_argument("--ldconfig", metavar="PATH", help="the host's static ldconfig the hook runs")
+    add_roots(cdi)
+
+    hook = commands.add_parser("hook", help="OCI hooks run by the runtime (written into the CDI spec)")
+    hook.add_argument(
+        "action", choices=("start-container",), help="start-container: a createContainer hook, OCI state on stdin"
+    )
+    hook.add_argument("--capabilities", metavar="LIST", required=True, help="the capabilities the spec gives")
+    hook.add_argument("--ldconfig", metavar="PATH", help="the host's static ldconfig (default /sbin/ldconfig)")
+    for flag in ("--driver-root", "--dev-root", "--proc-root"):
+        hook.add_argument(flag, metavar="DIR")
+
+
+def _capabilities(value: str | None, engine: EngineConfig) -> frozenset[Capability]:
+    try:
+        caps = parse_capabilities(value, legacy_image=False)
+    except RequestError as exc:  # the parser speaks of the env variable; here it is a flag
+        raise RequestError(str(exc).replace(f"env {DRIVER_CAPABILITIES}=", "--capabilities ", 1)) from exc
+    return caps & engine.policy.capabilities
+
+
+def own_path(argv0: str) -> str | None:
+    """Where this ``nri-gpu`` is installed, as an absolute path; None if unknown."""
+    if os.path.basename(argv0) == _EXECUTABLE and os.access(argv0, os.X_OK):
+        return os.path.abspath(argv0)
+    return shutil.which(_EXECUTABLE)
+
+
+def generate(args: argparse.Namespace, engine: EngineConfig, argv0: str) -> int:
+    if args.ldconfig:
+        engine = engine.with_roots(ldconfig=args.ldconfig)
+    hook_path = args.hook_path or own_path(argv0)
+    if hook_path is None:
+        print("nri-gpu: cannot tell where nri-gpu is installed; pass --hook-path", file=sys.stderr)
+        return 2
+    try:
+        caps = _capabilities(args.capabilities, engine)
+        hook = hook_command(hook_path, engine, caps)
+        text = json.dumps(cdi_spec(discover(engine), engine, caps, hook), indent=2) + "\n"
+    except (EngineError, ValueError) as exc:
+        print(f"nri-gpu: {exc}", file=sys.stderr)
+        return 1
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        _write_atomically(args.output, text.encode())
+    except OSError as exc:
+        print(f"nri-gpu: {args.output}: {exc.strerror}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    """A runtime watching the spec directory never reads half a spec."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, temp = tempfile.mkstemp(prefix=".nri-gpu-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), 0o644)
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        os.unlink(temp)
+        raise
+
+
+def start_container(args: argparse.Namespace, engine: EngineConfig, stdin: Any) -> int:
+    # runc starts the hook in the container's root; nothing of ours is looked up there.
+    os.chdir("/")
+    # Discovery's notes (a missing optional file) are not the runtime's business:
+    # only a failure, on stderr, which runc puts in the error it returns.
+    logging.basicConfig(level=logging.ERROR)
+    if args.ldconfig:
+        engine = engine.with_roots(ldconfig=args.ldconfig)
+    try:
+        caps = _capabilities(args.capabilities, engine)
+        run_hook(stdin.buffer.read(), engine, caps, lambda: discover(engine, cuda_version=_no_cuda_probe))
+    except EngineError as exc:
+        print(f"nri-gpu hook: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _no_cuda_probe(driver_root: str) -> tuple[str | None, str | None]:
+    """The CUDA version only matters for requirements, which the hook does not check."""
+    return None, "not probed by the hook"
+
+
+def main(args: argparse.Namespace, engine: EngineConfig, argv: Sequence[str]) -> int:
+    if args.command == "cdi":
+        return generate(args, engine, argv[0] if argv else "")
+    return start_container(args, engine, sys.stdin)

@@ -1,0 +1,55 @@
+"""``nri-gpu cdi generate`` and ``nri-gpu hook start-container`` as a user runs them."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from plugin.__main__ import main
+from tests.testbed.gpunode import SimNode, build_node
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
+    return build_node(tmp_path_factory.mktemp("node"), gpus=2)
+
+
+def test_generate_writes_the_spec_file(node: SimNode, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "nvidia.json"
+    argv = ["cdi", "generate", *node.flags(), "--hook-path", "/opt/nri-gpu/bin/nri-gpu", "--output", str(out)]
+    assert main(argv) == 0
+    spec = json.loads(out.read_text())
+    assert [d["name"] for d in spec["devices"]][-1] == "all"
+    hook = spec["containerEdits"]["hooks"][0]
+    assert hook["path"] == "/opt/nri-gpu/bin/nri-gpu"
+    assert hook["args"][-2:] == ["--capabilities", "compute,utility"]
+    assert out.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["nvidia.json"]  # no temporary file left
+
+
+def test_generate_caps_and_refusals(node: SimNode, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cdi", "generate", *node.flags(), "--hook-path", "/x/nri-gpu", "--capabilities", "all"]) == 0
+    env = json.loads(capsys.readouterr().out)["containerEdits"]["env"]
+    assert "NVIDIA_DRIVER_CAPABILITIES=compat32,compute,display,graphics,ngx,utility,video" in env
+    assert main(["cdi", "generate", *node.flags(), "--hook-path", "/x/nri-gpu", "--capabilities", "warp"]) == 1
+    assert '--capabilities "warp": unknown capability' in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    assert main(["cdi", "generate", "--proc-root", str(empty), "--hook-path", "/x/nri-gpu"]) == 1
+    assert "a CDI spec needs at least one device" in capsys.readouterr().err
+
+
+def test_hook_names_bad_input(
+    node: SimNode, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    flags = ["hook", "start-container", *node.flags(), "--capabilities", "compute"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"{not json")))
+    assert main(flags) == 1
+    assert "nri-gpu hook: the OCI state on stdin is not JSON" in capsys.readouterr().err
+    state = json.dumps({"id": "c1", "bundle": str(tmp_path)}).encode()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(state)))
+    assert main(flags) == 1
+    assert f"{tmp_path}/config.json: No such file or directory" in capsys.readouterr().err
