@@ -45,9 +45,16 @@ from plugin.stub import Stub
 
 logger = logging.getLogger("nri-gpu")
 
+DEFAULT_CONFIG_FILE = Path("/etc/nri-gpu/config.toml")
+
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", metavar="FILE", type=Path, help="TOML config file; flags override it")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        type=Path,
+        help=f"TOML config file; flags override it (default {DEFAULT_CONFIG_FILE}, if it exists)",
+    )
     parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default info")
     roots = parser.add_argument_group("node roots")
     roots.add_argument("--driver-root", metavar="DIR", help="where the driver's files live (default /)")
@@ -95,12 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
 def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
     """Defaults < config file < flags < what the runtime passes a plugin it launched."""
     settings = Settings()
-    if args.config is not None:
+    path = args.config
+    if path is None and DEFAULT_CONFIG_FILE.exists():
+        path = DEFAULT_CONFIG_FILE
+    if path is not None:
         try:
-            text = args.config.read_text()
+            text = path.read_text()
         except OSError as exc:
-            raise ConfigError(f"--config {args.config}: {exc.strerror}") from exc
-        settings = from_toml(text, source=str(args.config))
+            raise ConfigError(f"--config {path}: {exc.strerror}") from exc
+        settings = from_toml(text, source=str(path))
     plugin = settings.plugin.with_overrides(
         socket=getattr(args, "socket", None),
         name=getattr(args, "name", None),

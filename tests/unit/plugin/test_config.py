@@ -142,3 +142,19 @@ def test_host_root_flag(tmp_path: Path) -> None:
     args = build_parser().parse_args(["plan", "--host-root", "/host", "--driver-root", "/host/run/nvidia/driver"])
     engine = load_config(args, {}).engine
     assert (engine.host_root, engine.to_host_path(engine.driver_root)) == ("/host", "/run/nvidia/driver")
+
+
+def test_the_default_config_file_is_read_when_it_exists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import plugin.__main__ as cli
+
+    default = tmp_path / "config.toml"
+    monkeypatch.setattr(cli, "DEFAULT_CONFIG_FILE", default)
+    assert load_config(build_parser().parse_args(["run"]), {}).plugin.name == "nri-gpu"  # absent: defaults
+    default.write_text('[plugin]\nname = "from-default"\n')
+    assert load_config(build_parser().parse_args(["run"]), {}).plugin.name == "from-default"
+    other = tmp_path / "other.toml"
+    other.write_text('[plugin]\nname = "named"\n')
+    assert load_config(build_parser().parse_args(["run", "--config", str(other)]), {}).plugin.name == "named"
+    default.write_text("[plugin]\nbogus = 1\n")
+    with pytest.raises(ConfigError, match="bogus"):
+        load_config(build_parser().parse_args(["run"]), {})
