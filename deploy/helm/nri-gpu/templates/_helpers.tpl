@@ -1,0 +1,13 @@
+{{/* Only the template subset tests/helm_render.py implements is used here: see README.md. */}}
+{{- define "nri-gpu.name" -}}
+{{ default .Chart.Name .Values.nameOverride }}
+{{- end }}
+
+{{- define "nri-gpu.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "nri-gpu.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "nri-gpu.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}

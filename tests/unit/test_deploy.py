@@ -1,0 +1,440 @@
+"""deploy/: what can be checked without a Docker engine, a Kubernetes cluster or helm.
+
+* deploy/Dockerfile states the same facts as the image tests/testbed/plugin_image.py builds
+  (hack/build-image): Debian suites, .debs, what is left out, wheels, paths, environment,
+  entrypoint, user. Each test reads both, so either drifting fails it.
+* The plain manifests parse; the DaemonSet's args are flags ``nri-gpu run`` accepts; its
+  ConfigMap's config.toml loads with the plugin's own loader and agrees with the pod's
+  mounts, probes and port.
+* The Helm chart, rendered by tests/helm_render.py (no helm in Debian), gives exactly the
+  plain manifests' objects with its default values, and its values reach the config file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from engine.config import Policy, policy_from_mapping
+from plugin.__main__ import build_parser
+from plugin.config import Settings, from_toml, parse_address
+from plugin.config_doc import OPTIONS
+from tests.helm_render import TemplateError, load_chart, render_chart
+from tests.testbed import images, plugin_image
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+CHART = DEPLOY / "helm" / "nri-gpu"
+PLAIN = ("namespace.yaml", "configmap.yaml", "daemonset.yaml")
+CONFIG_FLAG = "--config="
+
+
+# --------------------------------------------------------------------------- Dockerfile
+
+
+@dataclass(frozen=True)
+class Instruction:
+    op: str
+    value: str
+    stage: str  # the stage's AS name, "final" for the last, "" before the first FROM
+
+
+def parse_dockerfile(text: str) -> list[Instruction]:
+    """Instructions with continuation lines joined (as the builder joins them) and
+    comment lines dropped."""
+    logical: list[str] = []
+    current = ""
+    for line in text.splitlines():
+        if line.lstrip().startswith("#"):
+            continue
+        if line.endswith("\\"):
+            current += line[:-1]
+            continue
+        current += line
+        if current.strip():
+            logical.append(current.strip())
+        current = ""
+    froms = [i for i, line in enumerate(logical) if line.split()[0].upper() == "FROM"]
+    result, stage = [], ""
+    for i, line in enumerate(logical):
+        op, _, value = line.partition(" ")
+        if op.upper() == "FROM":
+            words = value.split()
+            stage = "final" if i == froms[-1] else words[words.index("AS") + 1] if "AS" in words else str(i)
+        result.append(Instruction(op.upper(), value.strip(), stage))
+    return result
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> list[Instruction]:
+    return parse_dockerfile((DEPLOY / "Dockerfile").read_text())
+
+
+def _args(instructions: list[Instruction], stage: str) -> dict[str, str]:
+    found = {}
+    for ins in instructions:
+        if ins.op == "ARG" and ins.stage == stage:
+            key, _, value = shlex.split(ins.value)[0].partition("=")
+            found[key] = value
+    return found
+
+
+def _stage(instructions: list[Instruction], stage: str) -> list[Instruction]:
+    return [i for i in instructions if i.stage == stage]
+
+
+def _run_text(instructions: list[Instruction], stage: str) -> str:
+    return "\n".join(i.value for i in _stage(instructions, stage) if i.op == "RUN")
+
+
+def test_dockerfile_uses_the_image_builders_debian_suites(dockerfile: list[Instruction]) -> None:
+    suites = _args(dockerfile, "")
+    assert suites["SUITE"] == plugin_image._SUITE
+    assert {suite for _, suite, _ in plugin_image._PYTHON_DEBS} == {plugin_image._SUITE}
+    assert {suite for _, suite, _ in images._LIBC_DEBS} == {plugin_image._SUITE}
+    busybox_package, busybox_suite, _ = images._BUSYBOX_DEB
+    assert suites["BUSYBOX_SUITE"] == busybox_suite
+    froms = {i.stage: i.value for i in dockerfile if i.op == "FROM"}
+    assert froms["rootfs"] == "debian:${SUITE}-slim AS rootfs"
+    assert froms["busybox"] == "debian:${BUSYBOX_SUITE}-slim AS busybox"
+    assert f"apt-get download {busybox_package};" in _run_text(dockerfile, "busybox")
+    assert froms["final"] == "scratch"
+
+
+def test_dockerfile_unpacks_the_same_debs(dockerfile: list[Instruction]) -> None:
+    args = _args(dockerfile, "rootfs")
+    assert args["PYTHON_DEBS"].split() == [name for name, _, _ in plugin_image._PYTHON_DEBS]
+    assert args["LIBC_DEBS"].split() == [name for name, _, _ in images._LIBC_DEBS]
+    run = _run_text(dockerfile, "rootfs")
+    assert "apt-get download $LIBC_DEBS $PYTHON_DEBS;" in run
+    assert 'dpkg -x "$deb" /rootfs;' in run
+
+
+def test_dockerfile_leaves_out_what_the_image_builder_leaves_out(dockerfile: list[Instruction]) -> None:
+    args = _args(dockerfile, "rootfs")
+    assert args["SKIP"].split() == [prefix.rstrip("/") for prefix in plugin_image._SKIP_PREFIXES]
+    assert tuple(args["SKIP_DYNLOAD"].split()) == plugin_image._SKIP_NAMES
+    assert f'rm -f {plugin_image._STDLIB}lib-dynload/"$name"*;' in _run_text(dockerfile, "rootfs")
+
+
+def test_dockerfile_takes_the_wheels_pyproject_allows(dockerfile: list[Instruction]) -> None:
+    args = _args(dockerfile, "rootfs")
+    requirements = args["WHEELS"].split()
+    names = tuple(re.split(r"[<>=!~ ]", req, maxsplit=1)[0] for req in requirements)
+    assert names == plugin_image.WHEELS
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert requirements == pyproject["project"]["dependencies"]
+    assert args["SITE_PACKAGES"] == plugin_image.SITE_PACKAGES
+    run = _run_text(dockerfile, "rootfs")
+    # The same pip download as plugin_image._wheels: pure-Python wheels for the image's Python.
+    for flag in ("--no-deps", "--only-binary=:all:", "--platform any", "--implementation py", "--abi none",
+                 f"--python-version {_python_version()}"):
+        assert flag in run
+
+
+def _python_version() -> str:
+    """3.11, from the interpreter .deb the image builder unpacks."""
+    match = re.fullmatch(r"python(3\.[0-9]+)-minimal", plugin_image._PYTHON_DEBS[0][0])
+    assert match, plugin_image._PYTHON_DEBS[0]
+    return match.group(1)
+
+
+def test_dockerfile_image_config_is_the_image_builders(dockerfile: list[Instruction]) -> None:
+    final = _stage(dockerfile, "final")
+    ops = [i.op for i in final]
+    config = plugin_image.CONFIG
+    (env,) = [i.value for i in final if i.op == "ENV"]
+    assert shlex.split(env) == config["Env"]
+    (workdir,) = [i.value for i in final if i.op == "WORKDIR"]
+    assert workdir == config["WorkingDir"] == plugin_image.INSTALL_DIR
+    (entrypoint,) = [json.loads(i.value) for i in final if i.op == "ENTRYPOINT"]
+    assert entrypoint == config["Entrypoint"]
+    assert entrypoint[0] == f"python{_python_version()}"
+    (label,) = [i.value for i in final if i.op == "LABEL"]
+    assert dict(pair.split("=", 1) for pair in shlex.split(label)) == config["Labels"]
+    # Neither sets a user (root, which the plugin needs) or a command after the entrypoint.
+    assert "User" not in config and "USER" not in ops
+    assert "Cmd" not in config and "CMD" not in ops
+    assert [i.value for i in final if i.op == "COPY"] == ["--from=rootfs /rootfs/ /"]
+
+
+def test_dockerfile_copies_the_packages_to_the_install_dir(dockerfile: list[Instruction]) -> None:
+    copies = [i.value.split() for i in _stage(dockerfile, "rootfs") if i.op == "COPY" and "--from" not in i.value]
+    assert copies == [[package, f"/rootfs{plugin_image.INSTALL_DIR}/{package}"] for package in plugin_image.PACKAGES]
+    cleanup = _run_text(dockerfile, "rootfs")
+    assert "-name __pycache__" in cleanup and "-name '*.pyc' -delete" in cleanup  # as source_files() skips them
+
+
+def test_dockerfile_base_layout_is_the_image_builders(dockerfile: list[Instruction]) -> None:
+    run = _run_text(dockerfile, "rootfs")
+    base = images._base_layer(b"", [])
+    written = {path: text.encode().decode("unicode_escape").encode()
+               for text, path in re.findall(r"printf '([^']*)' > (\S+);", run)}
+    for path in ("etc/passwd", "etc/group"):
+        assert written[path] == base.entries[path][1], path
+    modes = {path: 0o755 for path in re.search(r"mkdir -p ([^;]+);", run).group(1).split()}  # type: ignore[union-attr]
+    modes.update({path: int(mode, 8) for mode, path in re.findall(r"install -d -m ([0-7]+) (\S+);", run)})
+    for path, (info, _) in base.entries.items():
+        if info.isdir():
+            implied = any(p.startswith(path + "/") for p in modes)
+            assert modes.get(path) == info.mode or (path not in modes and implied), path
+    assert "var/run/nri" in modes  # plugin_image._build_layer adds it: the socket's mount point
+    assert "ln -s python3.11 usr/bin/python3;" in run
+
+
+# --------------------------------------------------------------------------- plain manifests
+
+
+def _docs(text: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+
+
+@pytest.fixture(scope="module")
+def plain() -> dict[str, dict[str, Any]]:
+    """kind -> object, from namespace.yaml, configmap.yaml and daemonset.yaml."""
+    objects = {}
+    for name in PLAIN:
+        (doc,) = _docs((DEPLOY / name).read_text())
+        objects[doc["kind"]] = doc
+    assert sorted(objects) == ["ConfigMap", "DaemonSet", "Namespace"]
+    return objects
+
+
+def _pod(plain: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    spec: dict[str, Any] = plain["DaemonSet"]["spec"]["template"]["spec"]
+    return spec
+
+
+def _container(plain: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    (container,) = _pod(plain)["containers"]
+    assert isinstance(container, dict)
+    return container
+
+
+def _settings(configmap: dict[str, Any]) -> Settings:
+    return from_toml(configmap["data"]["config.toml"], source="configmap config.toml")
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(p.relative_to(DEPLOY).as_posix() for p in DEPLOY.rglob("*.yaml") if "templates" not in p.parts),
+)
+def test_yaml_parses(path: str) -> None:
+    docs = _docs((DEPLOY / path).read_text())
+    assert docs, path
+    if path.startswith("helm/"):
+        return
+    for doc in docs:
+        assert doc["apiVersion"] and doc["kind"] and doc["metadata"]["name"], path
+
+
+def test_namespace_admits_a_privileged_pod_and_holds_the_objects(plain: dict[str, dict[str, Any]]) -> None:
+    namespace = plain["Namespace"]["metadata"]
+    assert namespace["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    for kind in ("ConfigMap", "DaemonSet"):
+        assert plain[kind]["metadata"]["namespace"] == namespace["name"], kind
+
+
+def test_daemonset_args_are_flags_nri_gpu_run_accepts(plain: dict[str, dict[str, Any]],
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    container = _container(plain)
+    assert "command" not in container  # the image's entrypoint, `python3.11 -m plugin run`
+    args = container["args"]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--help"])
+    documented = set(re.findall(r"--[a-z][a-z-]*", capsys.readouterr().out))
+    for arg in args:  # exact names: argparse would also take a prefix of one
+        assert arg.startswith("--") and arg.partition("=")[0] in documented, arg
+    parsed = build_parser().parse_args(["run", *args])
+    assert parsed.command == "run"
+    assert str(parsed.config) == _config_path(plain)
+    # The check can fail: a flag `run` does not know ends argparse with usage and exit 2.
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", *args, "--driver_root=/host"])
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def _config_path(plain: dict[str, dict[str, Any]]) -> str:
+    (flag,) = [a for a in _container(plain)["args"] if a.startswith(CONFIG_FLAG)]
+    return str(flag[len(CONFIG_FLAG):])
+
+
+def _mounts(plain: dict[str, dict[str, Any]]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """volume name -> (its volumeMount, the volume)."""
+    volumes = {v["name"]: v for v in _pod(plain)["volumes"]}
+    return {m["name"]: (m, volumes[m["name"]]) for m in _container(plain)["volumeMounts"]}
+
+
+def test_configmap_config_loads_and_agrees_with_the_pod(plain: dict[str, dict[str, Any]]) -> None:
+    settings = _settings(plain["ConfigMap"])
+    mounts = _mounts(plain)
+    # The config file is the ConfigMap's key, where the pod mounts it.
+    directory, _, key = _config_path(plain).rpartition("/")
+    (mount, volume) = next(mv for mv in mounts.values() if mv[0]["mountPath"] == directory)
+    assert volume["configMap"]["name"] == plain["ConfigMap"]["metadata"]["name"] and key in plain["ConfigMap"]["data"]
+    # The NRI socket's directory comes from the host at the same path.
+    socket_dir = settings.plugin.socket.rpartition("/")[0]
+    (mount, volume) = next(mv for mv in mounts.values() if mv[0]["mountPath"] == socket_dir)
+    assert volume["hostPath"]["path"] == socket_dir
+    # The host's / is at host_root, read-only, with later host mounts propagating; the
+    # driver and dev roots are read through it; /proc is the host's through hostPID.
+    engine = settings.engine
+    (mount, volume) = next(mv for mv in mounts.values() if mv[0]["mountPath"] == engine.host_root)
+    assert volume["hostPath"]["path"] == "/"
+    assert mount["readOnly"] is True and mount["mountPropagation"] == "HostToContainer"
+    for root in (engine.driver_root, engine.dev_root):
+        assert engine.to_host_path(root).startswith("/"), root
+    assert engine.proc_root == "/proc" and _pod(plain)["hostPID"] is True
+    assert engine.policy == Policy()
+
+
+def test_daemonset_probes_reach_the_metrics_endpoint(plain: dict[str, dict[str, Any]]) -> None:
+    host, port = parse_address(_settings(plain["ConfigMap"]).plugin.metrics_address)
+    container = _container(plain)
+    assert container["ports"] == [{"name": "metrics", "containerPort": port}]
+    for probe in ("livenessProbe", "readinessProbe"):
+        get = container[probe]["httpGet"]
+        assert (get["path"], get["port"]) == ("/healthz", port), probe
+        # hostNetwork: the kubelet's 127.0.0.1 is the plugin's.
+        assert get["host"] == "127.0.0.1" and host in ("127.0.0.1", "0.0.0.0"), probe
+    assert _pod(plain)["hostNetwork"] is True
+
+
+def test_daemonset_is_the_node_plugin_the_image_builder_builds(plain: dict[str, dict[str, Any]]) -> None:
+    pod = _pod(plain)
+    container = _container(plain)
+    assert container["image"] == plugin_image.IMAGE
+    assert container["securityContext"] == {"privileged": True}
+    assert pod["hostPID"] is True
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    labels = plain["DaemonSet"]["spec"]["selector"]["matchLabels"]
+    assert labels.items() <= plain["DaemonSet"]["spec"]["template"]["metadata"]["labels"].items()
+
+
+# --------------------------------------------------------------------------- Helm chart
+
+
+def _render(**values: Any) -> dict[str, list[dict[str, Any]]]:
+    rendered = render_chart(load_chart(CHART), release="nri-gpu", namespace="nri-gpu", values=values)
+    return {name: _docs(text) for name, text in rendered.items() if name.endswith(".yaml")}
+
+
+def _rendered(**values: Any) -> dict[str, dict[str, Any]]:
+    """kind -> object of the chart rendered with ``values`` (dotted keys, as --set)."""
+    objects = {}
+    for docs in _render(**values).values():
+        for doc in docs:
+            assert doc["kind"] not in objects, doc["kind"]
+            objects[doc["kind"]] = doc
+    return objects
+
+
+def test_chart_default_render_is_the_plain_manifests(plain: dict[str, dict[str, Any]]) -> None:
+    rendered = _rendered()
+    # The namespace is `helm install -n`'s (namespace.yaml or --create-namespace), not the chart's.
+    assert sorted(rendered) == ["ConfigMap", "DaemonSet"]
+    for kind, obj in rendered.items():
+        assert obj == plain[kind], kind
+
+
+def test_chart_values_reach_the_config_and_the_pod() -> None:
+    rendered = _rendered(**{
+        "image.repository": "registry.example/nri-gpu", "image.tag": "", "image.pullPolicy": "IfNotPresent",
+        "roots.driverRoot": "/host/run/nvidia/driver", "roots.hostRoot": "/node",
+        "plugin.index": "05", "plugin.name": "gpus", "nri.socket": "/run/nri/api.sock",
+        "policy.accept_env_unprivileged": False, "policy.annotation_namespaces": ["ml", "research"],
+        "policy.capabilities": ["compute", "utility"], "logging.format": "json", "logging.level": "debug",
+        "metrics.address": "0.0.0.0", "metrics.port": 9500, "nodeSelector": {"gpu": "yes"},
+        "tolerations": [], "resources": {"limits": {"memory": "200Mi"}},
+    })
+    settings = _settings(rendered["ConfigMap"])
+    plugin, engine = settings.plugin, settings.engine
+    assert (plugin.index, plugin.name, plugin.socket) == ("05", "gpus", "/run/nri/api.sock")
+    assert (plugin.log_format, plugin.log_level, plugin.metrics_address) == ("json", "debug", "0.0.0.0:9500")
+    assert (engine.driver_root, engine.host_root) == ("/host/run/nvidia/driver", "/node")
+    assert engine.policy == policy_from_mapping({
+        "accept_env_unprivileged": False, "annotation_namespaces": ["ml", "research"],
+        "capabilities": ["compute", "utility"]})
+    pod = rendered["DaemonSet"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == f"registry.example/nri-gpu:{load_chart(CHART).metadata['appVersion']}"
+    assert container["imagePullPolicy"] == "IfNotPresent"
+    assert container["livenessProbe"]["httpGet"]["port"] == container["ports"][0]["containerPort"] == 9500
+    assert container["resources"] == {"limits": {"memory": "200Mi"}}
+    assert pod["nodeSelector"] == {"gpu": "yes"} and "tolerations" not in pod
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert mounts["nri"] == volumes["nri"]["hostPath"]["path"] == "/run/nri"
+    assert mounts["host"] == "/node"
+
+
+def test_chart_without_metrics_has_no_probes() -> None:
+    rendered = _rendered(**{"metrics.enabled": False})
+    assert _settings(rendered["ConfigMap"]).plugin.metrics_address == ""
+    (container,) = rendered["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    assert not {"ports", "livenessProbe", "readinessProbe"} & set(container)
+
+
+def test_chart_policy_values_are_the_config_files_policy_table() -> None:
+    values = load_chart(CHART).values
+    keys = [o.key for o in OPTIONS if o.table == "policy"]
+    assert list(values["policy"]) == keys
+    defaults = {o.key: tomllib.loads(f"v = {o.default}")["v"] for o in OPTIONS if o.table == "policy"}
+    assert policy_from_mapping(values["policy"]) == policy_from_mapping(defaults) == Policy()
+
+
+def test_chart_metadata_and_image() -> None:
+    chart = load_chart(CHART)
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert chart.metadata["apiVersion"] == "v2"
+    assert chart.metadata["appVersion"] == pyproject["project"]["version"]
+    image = chart.values["image"]
+    assert f"{image['repository']}:{image['tag']}" == plugin_image.IMAGE
+    notes = render_chart(chart, release="nri-gpu", namespace="nri-gpu")["NOTES.txt"]
+    assert plugin_image.IMAGE in notes
+
+
+# --------------------------------------------------------------------------- the renderer
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        ("{{23 -}} < {{- 45}}", "23<45"),  # text/template's own trimming example
+        ('{{ if .Values.on }}yes{{ else }}no{{ end }}|{{ if .Values.off }}yes{{ else }}no{{ end }}', "yes|no"),
+        ('{{ .Values.empty | default "d" }} {{ default "d" .Values.name }}', "d x"),
+        ("a:{{ toYaml .Values.map | nindent 2 }}", "a:\n  k: v\n  l:\n  - 1"),
+        ("{{ .Values.name | quote }} {{ toJson .Values.list }} {{ .Values.on }}", '"x" ["a","b"] true'),
+        ('{{ dir "/var/run/nri/nri.sock" }}', "/var/run/nri"),
+        ('{{- define "t" -}}\n[{{ .Values.name }}]\n{{- end }}{{ include "t" . | indent 2 }}', "  [x]"),
+    ],
+    ids=["trim", "if-else", "default", "toYaml-nindent", "quote-toJson-bool", "dir", "define-include"],
+)
+def test_renderer_follows_go_templates(template: str, expected: str) -> None:
+    chart = load_chart(CHART)
+    chart.templates = {"t.yaml": template}
+    values = {"on": True, "off": False, "empty": "", "name": "x", "list": ["a", "b"], "map": {"k": "v", "l": [1]}}
+    chart.values = values
+    assert render_chart(chart, release="r", namespace="n")["t.yaml"] == expected
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["{{ range .Values.list }}x{{ end }}", "{{ with .Values.map }}x{{ end }}", "{{ .Values.missing }}",
+     '{{ printf "%s" .Values.name }}', "{{ if .Values.on }}x", "{{ $x := 1 }}"],
+    ids=["range", "with", "missing-value", "printf", "unclosed-if", "variable"],
+)
+def test_renderer_refuses_what_it_does_not_implement(template: str) -> None:
+    chart = load_chart(CHART)
+    chart.templates = {"t.yaml": template}
+    chart.values = {"on": True, "list": [1], "map": {"k": 1}, "name": "x"}
+    with pytest.raises(TemplateError):
+        render_chart(chart, release="r", namespace="n")
