@@ -1,5 +1,7 @@
 """Hostile images as GPU pods: the container-escape CVEs of the NVIDIA container toolkit,
-replayed against ``nri-gpu run`` on real containerd 1.7.24 and 2.1.9.
+replayed against ``nri-gpu run`` on real containerd 1.7.24 and 2.1.9, and against
+the CDI path (containerd's CDI support running ``nri-gpu hook start-container``
+before ``pivot_root``, where the host's files are still in reach).
 
 Each image (tests/testbed/hostile.py) points a link at a HOST "bait" tree under
 ``/tmp/nri-gpu-bait``, which every test re-creates with a fresh random token and
@@ -34,6 +36,7 @@ import os
 import secrets
 import shutil
 import stat
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -49,6 +52,7 @@ from tests.testbed.images import GLIBC
 from tests.testbed.plugins import NriGpuProcess
 
 from .conftest import Testbed
+from .test_cdi import NRI_GPU
 
 SLEEP = ["sh", "-c", "sleep 3600"]
 BAIT = Path(hostile.BAIT_ROOT)
@@ -86,6 +90,19 @@ def plugin(containerd: Testbed, node: SimNode, hostile_images: dict[str, images.
     proc = NriGpuProcess(containerd.containerd.nri_socket, log, *node.flags()).start()
     yield proc
     assert proc.stop() == 0, proc.log()
+
+
+@pytest.fixture(scope="module", params=["nri", "cdi"])
+def route(request: pytest.FixtureRequest, containerd: Testbed, node: SimNode) -> Iterator[str]:
+    """How the GPU is asked for: the NRI plugin (pod annotation), or containerd's CDI
+    support running our createContainer hook (``cdi.k8s.io/`` annotation)."""
+    spec = containerd.containerd.cdi_dir / "nri-gpu-hostile.json"
+    if request.param == "cdi":
+        done = subprocess.run([NRI_GPU, "cdi", "generate", *node.flags(), "--output", str(spec)],
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    yield str(request.param)
+    spec.unlink(missing_ok=True)
 
 
 Snapshot = dict[str, tuple[object, ...] | None]
@@ -136,6 +153,7 @@ class Bait:
     root: Path
     token: str
     node: SimNode
+    route: str = "nri"  # see the route fixture
     before: tuple[Snapshot, Snapshot] = field(default_factory=lambda: ({}, {}))
 
     def plant(self) -> None:
@@ -172,11 +190,11 @@ class Bait:
 
 
 @pytest.fixture
-def bait(node: SimNode) -> Iterator[Bait]:
+def bait(node: SimNode, route: str) -> Iterator[Bait]:
     # One bait tree at a fixed path (baked into the cached images): serialize sessions.
     with open(f"{BAIT}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        b = Bait(BAIT, secrets.token_hex(8), node)
+        b = Bait(BAIT, secrets.token_hex(8), node, route)
         b.plant()
         yield b
         shutil.rmtree(BAIT, ignore_errors=True)
@@ -197,10 +215,14 @@ class Outcome:
         return self.error is None
 
 
-def _create_and_start(cri: CriClient, name: str, image: str, command: list[str], mounts: list[Any]) -> Outcome:
-    pod = cri.run_pod(name, annotations={"nvidia.com/gpus": "0"})
+def _create_and_start(cri: CriClient, name: str, image: str, command: list[str], mounts: list[Any],
+                      route: str) -> Outcome:
+    if route == "cdi":
+        pod, annotations = cri.run_pod(name), {"cdi.k8s.io/hostile": "nvidia.com/gpu=0"}
+    else:
+        pod, annotations = cri.run_pod(name, annotations={"nvidia.com/gpus": "0"}), {}
     try:
-        cid = cri.create_container(pod, None, "main", image, command, mounts=mounts)
+        cid = cri.create_container(pod, None, "main", image, command, mounts=mounts, annotations=annotations)
     except CriError as exc:
         return Outcome(pod, None, exc, "create")
     try:
@@ -214,7 +236,7 @@ def launch(cri: CriClient, bait: Bait, name: str, image: str, command: list[str]
            mounts: list[Any] | None = None) -> Outcome:
     """A GPU pod (GPU 0) running ``image``, created and started or refused; the host
     is checked at once, before anything else is asked of the container."""
-    outcome = _create_and_start(cri, name, image, command, mounts or [])
+    outcome = _create_and_start(cri, name, image, command, mounts or [], bait.route)
     verdict = "runs" if outcome.ran else f"refused at {outcome.stage}: {outcome.error}"
     print(f"OUTCOME {name}: {verdict}")
     bait.assert_untouched(f"by the {name} container")
