@@ -54,9 +54,14 @@ class GpuPlugin:
         # planned again or refused (``_replan``).
         self._pending: dict[str, Plan] = {}
 
-    def _plan(self, pod: api.PodSandbox, container: api.Container) -> Plan | None:
+    def _plan(
+        self, pod: api.PodSandbox, container: api.Container, steps: dict[str, float] | None = None
+    ) -> Plan | None:
+        """Request -> plan; ``steps`` gets the milliseconds of ``request`` and ``plan``."""
         try:
+            began = time.perf_counter()
             outcome = parse_request(container_info(pod, container), self._config.policy)
+            parsed = time.perf_counter()
             for note in outcome.notes:
                 logger.info("%s: %s", describe(pod, container), note)
             if outcome.request is None:
@@ -65,6 +70,9 @@ class GpuPlugin:
             if self._metrics is not None:
                 self._metrics.inventory_gpus.set(len(inventory.gpus))
             result = make_plan(outcome.request, inventory, self._config)
+            if steps is not None:
+                steps["request"] = (parsed - began) * 1000
+                steps["plan"] = (time.perf_counter() - parsed) * 1000
         except EngineError as exc:
             raise PluginError(str(exc)) from exc
         for note in result.notes:
@@ -75,8 +83,9 @@ class GpuPlugin:
         if not may_request(pod, container, self._config.policy):
             return None
         began = time.perf_counter()
+        steps: dict[str, float] = {}
         try:
-            plan = self._plan(pod, container)
+            plan = self._plan(pod, container, steps)
         except PluginError as exc:
             ms = self._took(STEP_PLAN, began)
             fields = _fields("CreateContainer", pod, container, decision="refused", reason=str(exc), duration_ms=ms)
@@ -85,12 +94,15 @@ class GpuPlugin:
         if plan is None:
             self._took(STEP_PLAN, began)
             return None
+        encoding = time.perf_counter()
         adjustment = to_adjustment(plan, container)
+        steps["adjustment"] = (time.perf_counter() - encoding) * 1000
         self._pending[container.id] = plan
         capabilities = sorted(c.value for c in plan.capabilities)
         ms = self._took(STEP_PLAN, began)
         if self._metrics is not None:
             self._metrics.gpus_allocated.inc(len(plan.gpus))
+            self._metrics.plan_timings(steps)
         fields = _fields(
             "CreateContainer",
             pod,
@@ -102,6 +114,7 @@ class GpuPlugin:
             devices=len(adjustment.linux.devices),
             mounts=len(adjustment.mounts),
             duration_ms=ms,
+            steps_ms={name: round(value, 3) for name, value in steps.items()},
         )
         logger.info(
             "%s: GPUs %s, capabilities %s, %d devices, %d mounts (%.2f ms)",
@@ -122,8 +135,9 @@ class GpuPlugin:
             self._metrics.step(step, seconds)
         return seconds * 1000
 
-    def _on_start_report(self, who: str, timings_ms: dict[str, float]) -> None:
+    def _on_start_report(self, who: str, timings_ms: dict[str, float], into: dict[str, float]) -> None:
         logger.debug("%s: start steps (ms) %s", who, timings_ms)
+        into.update(timings_ms)
         if self._metrics is not None:
             self._metrics.start_timings(timings_ms)
 
@@ -144,13 +158,14 @@ class GpuPlugin:
             raise
         if plan is None:
             return
+        steps: dict[str, float] = {}
         try:
             pid = container.pid or find_init_pid(container.linux.cgroups_path, container=who)
             await self._starter(
                 pid,
                 start_work(plan, who, self._config.proc_root),
                 ldconfig=self._config.ldconfig,
-                on_report=lambda report: self._on_start_report(who, report.timings_ms),
+                on_report=lambda report: self._on_start_report(who, report.timings_ms, steps),
             )
         except EngineError as exc:
             # The stub already names the container and pod; keep the step and cause.
@@ -161,7 +176,15 @@ class GpuPlugin:
             raise PluginError(reason) from exc
         ms = self._took(STEP_START, began)
         bus_ids = [g.bus_id for g in plan.gpus]
-        fields = _fields("StartContainer", pod, container, decision="started", gpus=bus_ids, duration_ms=ms)
+        fields = _fields(
+            "StartContainer",
+            pod,
+            container,
+            decision="started",
+            gpus=bus_ids,
+            duration_ms=ms,
+            steps_ms={name: round(value, 3) for name, value in steps.items()},
+        )
         logger.info(
             "%s: started with GPUs %s (%.1f ms)", who, ",".join(bus_ids) or "none", ms, extra={"nri_gpu": fields}
         )

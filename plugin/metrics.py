@@ -255,7 +255,7 @@ class PluginMetrics:
         )
         self.steps = r.histogram(
             "nri_gpu_step_duration_seconds",
-            "Time spent per step: plan (CreateContainer), start (StartContainer), start/<step> (its parts).",
+            "Time spent per step: plan (CreateContainer) and plan/<part>, start (StartContainer) and start/<part>.",
             ["step"],
         )
         self.gpus_allocated = r.counter(
@@ -275,6 +275,11 @@ class PluginMetrics:
 
     def step(self, step: str, seconds: float) -> None:
         self.steps.observe(seconds, step=step)
+
+    def plan_timings(self, timings_ms: Mapping[str, float]) -> None:
+        """CreateContainer's parts: ``request``, ``plan``, ``adjustment``."""
+        for name, ms in timings_ms.items():
+            self.steps.observe(ms / 1000, step=f"{STEP_PLAN}/{name}")
 
     def start_timings(self, timings_ms: Mapping[str, float]) -> None:
         """The start engine's ``StartReport.timings_ms``."""

@@ -94,7 +94,9 @@ def test_decisions_are_structured_and_measured(node: SimNode, caplog: pytest.Log
         "gpus": [1],
     }
     assert allocated["capabilities"] and allocated["duration_ms"] >= 0 and allocated["level"] == "info"
+    assert set(allocated["steps_ms"]) == {"request", "plan", "adjustment"}
     assert started["decision"] == "started" and started["gpus"] == [node.gpus[1].bus_id]
+    assert started["steps_ms"] == {"procfs isolation": 1.5, "total": 3.0}
     assert refused["decision"] == "refused" and refused["level"] == "warning" and "7" in refused["reason"]
     assert refused["pod"] == "bad" and refused["duration_ms"] >= 0
 
@@ -106,6 +108,7 @@ def test_decisions_are_structured_and_measured(node: SimNode, caplog: pytest.Log
     assert metrics.steps.count(step="plan") == 2
     assert metrics.steps.count(step="start") == 1
     assert metrics.steps.count(step="start/procfs isolation") == 1
+    assert metrics.steps.count(step="plan/request") == metrics.steps.count(step="plan/adjustment") == 1
 
 
 def test_a_failed_start_counts_as_start_failed(node: SimNode) -> None:
@@ -118,8 +121,9 @@ def test_a_failed_start_counts_as_start_failed(node: SimNode) -> None:
 
     async def body(rt: FakeRuntime, stub: Stub) -> None:
         p, c = pod(annotations={"nvidia.com/gpus": "0"}), container("main")
+        await rt.create_container(p, c)
         c.pid = 7
-        with pytest.raises(StatusError):
+        with pytest.raises(StatusError, match="enter: no such process"):
             await rt.state_change(Event.START_CONTAINER, p, c)
 
     asyncio.run(connected(gpu_plugin(node, starter, metrics), body, metrics=metrics))
