@@ -31,7 +31,9 @@ _REQUIRED = ("Model", "GPU UUID", "Bus Location", "Device Minor")
 # "GPU Excluded" since 460-ish drivers; "Blacklisted" is its older name.
 _EXCLUDED_KEYS = ("GPU Excluded", "Blacklisted")
 _YES_NO = {"Yes": True, "No": False}
-_DIGITS = re.compile(r"[0-9]+")
+# At most 9 digits (a minor is 20 bits): a minor of over 4300 digits made int() raise
+# ValueError instead of a DiscoveryError (found by tests/fuzz).
+_DIGITS = re.compile(r"[0-9]{1,9}")
 
 
 def parse_gpu_information(text: str, *, source: str = "information") -> GpuInformation:

@@ -250,7 +250,10 @@ def _legacy_requirement(cuda_version: str) -> str:
     m = _CUDA_VERSION.fullmatch(cuda_version.strip())
     if m is None:
         raise RequestError(f"env CUDA_VERSION={_q(cuda_version)}: expected a version like 12.4 or 12.4.1")
-    return f"cuda>={int(m[1])}.{int(m[2])}"
+    # Leading zeros dropped as text, not by int(): a CUDA_VERSION of over 4300 digits
+    # made int() raise ValueError instead of a RequestError (found by tests/fuzz).
+    major, minor = m[1].lstrip("0") or "0", m[2].lstrip("0") or "0"
+    return f"cuda>={major}.{minor}"
 
 
 def _requirements(

@@ -68,7 +68,10 @@ def events_of(mask: int) -> list[Event]:
     return [e for e in Event if mask & e.bit]
 
 
-_VERSION_RE = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")
+# ASCII digits, at most 9 each: \d takes other scripts' digits, and int() refuses
+# strings of over 4300 digits with ValueError (a runtime's version string found by
+# tests/fuzz); a longer number reads as no version, as anything unparsable does.
+_VERSION_RE = re.compile(r"v?([0-9]{1,9})\.([0-9]{1,9})(?:\.([0-9]{1,9}))?(?![0-9])")
 
 # (runtime, lowest runtime version) -> valid events, newest first; from the
 # version matrix of the NRI protocol notes.
