@@ -45,7 +45,7 @@ class PluginConfig:
     log_level: str = "info"
     # Seconds between reconnect attempts grow from the first to the last value.
     reconnect_min: float = 0.05
-    reconnect_max: float = 1.0
+    reconnect_max: float = 0.25
     # "text" (one line per decision, words) or "json" (one object per line, with fields).
     log_format: str = "text"
     # host:port (or [v6]:port) of /healthz and /metrics; "" turns the server off.

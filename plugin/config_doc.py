@@ -51,7 +51,14 @@ OPTIONS: tuple[Option, ...] = (
         "Seconds before the first reconnect attempt when the runtime goes away;\n"
         "the delay doubles up to reconnect_max.",
     ),
-    Option("plugin", "reconnect_max", "1.0", "Longest delay, in seconds, between reconnect attempts."),
+    Option(
+        "plugin",
+        "reconnect_max",
+        "0.25",
+        "Longest delay, in seconds, between reconnect attempts. Short on purpose: after a\n"
+        "runtime restart, pods the runtime starts before we are back get no GPUs (it does\n"
+        "not wait for external plugins), and a dial of a missing socket costs nothing.",
+    ),
     Option(
         "plugin",
         "log_format",

@@ -212,6 +212,38 @@ class GpuPlugin:
             raise PluginError(f"it was created with GPUs {given}, but its request now selects {planned}")
         return plan
 
+    async def synchronize(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> None:
+        """Name the running containers that asked for GPUs and have none.
+
+        The runtime serves CRI before an external plugin is back (after a
+        runtime restart, or ours): a container created *and* started in that
+        window never reached us, and no plugin can stop it any more. It cannot
+        use a GPU; say so once, loudly, so an operator can recreate it.
+        """
+        by_id = {pod.id: pod for pod in pods}
+        for container in containers:
+            pod = by_id.get(container.pod_sandbox_id)
+            if (
+                pod is None
+                or container.state != api.CONTAINER_RUNNING
+                or GPUS_ANNOTATION in container.annotations
+                or not may_request(pod, container, self._config.policy)
+            ):
+                continue
+            try:
+                asked = parse_request(container_info(pod, container), self._config.policy).request is not None
+            except EngineError:
+                asked = True  # a request we would have refused: it runs without GPUs all the same
+            if asked:
+                reason = "it asked for GPUs but was created and started while nri-gpu was not connected"
+                fields = _fields("Synchronize", pod, container, decision="unequipped", reason=reason)
+                logger.warning(
+                    "%s runs without its GPUs: %s; delete it and create it again",
+                    describe(pod, container),
+                    reason,
+                    extra={"nri_gpu": fields},
+                )
+
     async def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         self._pending.pop(container.id, None)
 

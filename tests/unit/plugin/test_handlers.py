@@ -142,3 +142,37 @@ def test_start_after_a_plugin_restart_uses_the_recorded_gpus(node: SimNode) -> N
 
     asyncio.run(connected(gpu_plugin(node, _recording_starter(calls)), body))
     assert [w.visible_bus_ids for w in calls] == [(node.gpus[2].bus_id,)]
+
+
+def test_synchronize_names_running_gpu_containers_that_missed_us(
+    node: SimNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    from plugin._proto import nri_pb2 as api
+
+    p = pod("train", "ml", annotations={"nvidia.com/gpus": "0"})
+    missed, equipped, plain, waiting = container("missed"), container("equipped"), container("plain"), container("new")
+    for c in (missed, equipped, plain):
+        c.state = api.CONTAINER_RUNNING
+        c.pod_sandbox_id = p.id
+    waiting.pod_sandbox_id = p.id  # created, not started: its StartContainer will be refused
+    equipped.annotations["nri-gpu.io/gpus"] = node.gpus[0].uuid
+    web = pod("web", "default")
+    plain.pod_sandbox_id = web.id
+
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
+        pass
+
+    with caplog.at_level("WARNING", logger="plugin.handlers"):
+        asyncio.run(
+            connected(
+                gpu_plugin(node, lambda *a, **k: None),
+                body,
+                pods=[p, web],
+                containers=[missed, equipped, plain, waiting],
+            )
+        )
+    warned = [r.getMessage() for r in caplog.records if r.name == "plugin.handlers"]
+    assert warned == [
+        'container "missed" in pod "ml/train" runs without its GPUs: it asked for GPUs but was created and '
+        "started while nri-gpu was not connected; delete it and create it again"
+    ]
