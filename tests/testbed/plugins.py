@@ -125,3 +125,39 @@ def _clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("NRI_PLUGIN_")}
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def free_tcp_port() -> int:
+    """A loopback TCP port nobody listens on right now (for ``--metrics-address``)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def healthz(port: int, timeout: float = 1.0) -> dict[str, Any] | None:
+    """The JSON body of ``nri-gpu run``'s /healthz on 127.0.0.1:``port`` (200 and 503
+    alike); None while nothing answers there."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=timeout) as resp:
+            body = resp.read()
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+    except (OSError, urllib.error.URLError):
+        return None
+    parsed: dict[str, Any] = json.loads(body)
+    return parsed
+
+
+def process_usage(pid: int) -> tuple[int, int]:
+    """(resident set size in KiB from /proc/PID/status VmRSS, open file descriptors)."""
+    rss = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1])
+    return rss, len(os.listdir(f"/proc/{pid}/fd"))
