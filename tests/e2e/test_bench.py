@@ -1,0 +1,60 @@
+"""hack/bench must not rot: a tiny run on one containerd, and its pure parts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.testbed.bench import __main__ as bench
+from tests.testbed.bench.logparse import parse_log
+from tests.testbed.bench.report import render
+from tests.testbed.bench.session import VARIANTS
+from tests.testbed.bench.stats import grows, percentile, summarize
+
+from .conftest import _cannot_run, _preflight
+
+
+def test_percentiles_interpolate_between_ranks() -> None:
+    values = [float(v) for v in range(1, 101)]  # 1..100
+    assert percentile(values, 50) == pytest.approx(50.5)
+    assert percentile(values, 99) == pytest.approx(99.01)
+    assert summarize([3.0]).as_dict() == {"n": 1, "mean": 3.0, "p50": 3.0, "p95": 3.0, "p99": 3.0, "max": 3.0,
+                                          "min": 3.0}
+    assert not grows([30.0] * 10, tolerance=1.0)
+    assert grows([30.0 + i for i in range(10)], tolerance=1.0)
+
+
+def test_log_parser_reads_decisions_and_start_steps() -> None:
+    text = "\n".join([
+        json.dumps({"level": "info", "message": "m", "event": "StartContainer", "pod": "bench-x-1",
+                    "container": "main", "container_id": "c1", "decision": "started", "duration_ms": 25.5}),
+        json.dumps({"level": "debug", "message": "container \"main\" in pod \"default/bench-x-1\": start steps (ms) "
+                    "{'enter': 1.5, 'total': 20.25}"}),
+        "Traceback (most recent call last):",
+    ])
+    log = parse_log(text)
+    assert log.durations("StartContainer", "bench-x-") == [25.5]
+    assert log.steps("bench-x-") == [{"enter": 1.5, "total": 20.25}]
+
+
+def test_tiny_run_on_one_containerd(tmp_path: Path) -> None:
+    reason = _preflight()
+    if reason:
+        _cannot_run(reason)
+    out = tmp_path / "bench.json"
+    argv = ["--runtimes", "2.1.9", "--pods", "3", "--churn", "10", "--burst", "4", "--profile-iterations", "20",
+            "--seed", "1", "--output", str(out)]
+    assert bench.main(argv) == 0
+    results = json.loads(out.read_text())
+    run = results["runtimes"]["2.1.9"]
+    assert {v.name: run["latency"][v.name]["pods"] for v in VARIANTS} == {v.name: 3 for v in VARIANTS}
+    for variant in ("nri-gpu-1gpu", "nri-gpu-8gpu"):
+        steps = run["handler"][variant]
+        assert steps["CreateContainer: parse+plan+encode"]["n"] == 3
+        assert steps["start/total"]["n"] == 3
+    assert run["burst"]["handler_calls"] == 8 and not run["burst"]["errors"]
+    assert run["churn"]["points"][-1]["containers"] == 10
+    assert {t["target"].split(" ")[0] for t in results["targets"]} >= {"asks-for-nothing", "planning", "RSS"}
+    assert "nri-gpu-8gpu: plan" in render(results)

@@ -1,0 +1,227 @@
+"""Turn the measurements into the results document, the targets and the printed tables."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .logparse import PluginLog
+from .session import NEAR_DEADLINE_MS, VARIANTS, BurstResult, ChurnResult, Sample
+from .stats import grows, summarize
+
+__all__ = ["START_STEPS", "Target", "churn_dict", "evaluate", "handler_dict", "latency_dict", "render"]
+
+# The start engine's steps (engine/start/work.py StartReport), in the order they run.
+START_STEPS = ("enter", "procfs isolation", "read-only root", "symlinks", "ld.so.conf", "ldconfig",
+               "ldconfig process", "total")
+_MIB = 1024.0
+_RSS_LIMIT_MB = 50.0
+_GROWTH_TOLERANCE_KIB = 1024  # RSS may wander this much between the first and last quarter of the churn
+_BASE = "no-plugin"
+
+
+def latency_dict(samples: Sequence[Sample]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for v in VARIANTS:
+        mine = [s for s in samples if s.variant == v.name]
+        if not mine:
+            continue
+        out[v.name] = {
+            "label": v.label,
+            "pods": len(mine),
+            "create": summarize([s.create_ms for s in mine]).as_dict(),
+            "start": summarize([s.start_ms for s in mine]).as_dict(),
+            "create+start": summarize([s.total_ms for s in mine]).as_dict(),
+        }
+    return out
+
+
+def handler_dict(log: PluginLog) -> dict[str, Any]:
+    """Per GPU variant: the plugin's own timings (ms) of its recorded pods, by step."""
+    out: dict[str, Any] = {}
+    for v in VARIANTS:
+        if v.plugin != "nri-gpu" or not v.annotations:
+            continue
+        prefix = f"bench-{v.name}-"
+        series: dict[str, list[float]] = {
+            "CreateContainer: parse+plan+encode": log.durations("CreateContainer", prefix),
+            "StartContainer: whole handler": log.durations("StartContainer", prefix),
+        }
+        steps = log.steps(prefix)
+        for name in START_STEPS:
+            series[f"start/{name}"] = [t[name] for t in steps if name in t]
+        handler = {d.pod: d.duration_ms for d in log.decisions if d.event == "StartContainer" and d.pod.startswith(prefix)}
+        totals = {s.pod: s.timings_ms.get("total", 0.0) for s in log.start_steps if s.pod.startswith(prefix)}
+        series["start: fork, pipe, reap (handler - total)"] = [handler[p] - totals[p] for p in handler if p in totals]
+        out[v.name] = {name: summarize(values).as_dict() for name, values in series.items() if values}
+    return out
+
+
+def burst_dict(burst: BurstResult) -> dict[str, Any]:
+    handler = burst.handler_create_ms + burst.handler_start_ms
+    return {
+        "pods": burst.pods,
+        "errors": burst.errors,
+        "cri_create": summarize(burst.cri_create_ms).as_dict() if burst.cri_create_ms else None,
+        "cri_start": summarize(burst.cri_start_ms).as_dict() if burst.cri_start_ms else None,
+        "handler_create": summarize(burst.handler_create_ms).as_dict() if burst.handler_create_ms else None,
+        "handler_start": summarize(burst.handler_start_ms).as_dict() if burst.handler_start_ms else None,
+        "slowest_handler_ms": round(max(handler), 3) if handler else None,
+        "handler_calls": len(handler),
+        "calls_within_500ms_of_deadline": sum(1 for ms in handler if ms >= NEAR_DEADLINE_MS),
+        "runtime_nri_timeouts": burst.runtime_nri_complaints,
+    }
+
+
+def churn_dict(churn: ChurnResult) -> dict[str, Any]:
+    first, last = churn.points[0][1], churn.points[-1][1]
+    # Flatness is judged after the first tenth: the first containers fill caches once.
+    warm = [u for done, u in churn.points if done >= churn.containers // 10 and done > 0] or [last]
+    rss = [float(u.rss_kib) for u in warm]
+    return {
+        "containers": churn.containers,
+        "seconds": round(churn.seconds, 1),
+        "rss_mib_start": round(first.rss_kib / _MIB, 2),
+        "rss_mib_after_warmup": round(warm[0].rss_kib / _MIB, 2),
+        "rss_mib_end": round(last.rss_kib / _MIB, 2),
+        "rss_mib_peak": round(last.hwm_kib / _MIB, 2),
+        "rss_growth_mib_after_warmup": round((warm[-1].rss_kib - warm[0].rss_kib) / _MIB, 2),
+        "rss_flat": not grows(rss, tolerance=_GROWTH_TOLERANCE_KIB),
+        "fds_start": first.fds,
+        "fds_after_warmup": warm[0].fds,
+        "fds_end": last.fds,
+        "fds_flat": last.fds <= warm[0].fds,
+        "points": [{"containers": done, "rss_kib": u.rss_kib, "hwm_kib": u.hwm_kib, "fds": u.fds}
+                   for done, u in churn.points],
+        "errors": churn.errors,
+    }
+
+
+@dataclass(frozen=True)
+class Target:
+    runtime: str
+    name: str
+    value: float
+    limit: float
+    unit: str
+    met: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"runtime": self.runtime, "target": self.name, "value": round(self.value, 3), "limit": self.limit,
+                "unit": self.unit, "met": self.met}
+
+
+def evaluate(version: str, result: dict[str, Any]) -> list[Target]:
+    """The targets of the issue, for one runtime's results (those it has data for)."""
+    out: list[Target] = []
+    lat = result.get("latency", {})
+    base = lat.get(_BASE, {}).get("create+start", {}).get("p50")
+    if base:
+        none = lat.get("nri-gpu-none", {}).get("create+start", {}).get("p50")
+        if none is not None:
+            pct = (none / base - 1) * 100
+            out.append(Target(version, "asks-for-nothing p50 within 5% of no plugin", pct, 5.0, "%", pct <= 5.0))
+        for name, label in (("nri-gpu-1gpu", "1 GPU"), ("nri-gpu-8gpu", "8 GPUs")):
+            p50 = lat.get(name, {}).get("create+start", {}).get("p50")
+            if p50 is not None:
+                delta = p50 - base
+                out.append(Target(version, f"{label} create+start p50 within 30 ms of no plugin", delta, 30.0, "ms",
+                                  delta <= 30.0))
+    plans = [h["CreateContainer: parse+plan+encode"]["p99"] for h in result.get("handler", {}).values()
+             if "CreateContainer: parse+plan+encode" in h]
+    if plans:
+        worst = max(plans)
+        out.append(Target(version, "planning (parse+plan+encode) p99 under 2 ms", worst, 2.0, "ms", worst < 2.0))
+    churn = result.get("churn")
+    if churn:
+        peak_mb = churn["rss_mib_peak"] * _MIB * 1024 / 1e6
+        out.append(Target(version, "RSS under 50 MB (peak, VmHWM)", peak_mb, _RSS_LIMIT_MB, "MB", peak_mb < _RSS_LIMIT_MB))
+        growth = churn["rss_growth_mib_after_warmup"]
+        flat = bool(churn["rss_flat"] and churn["fds_flat"])
+        out.append(Target(version, f"RSS and fds flat over {churn['containers']} containers (RSS growth)", growth,
+                          round(_GROWTH_TOLERANCE_KIB / _MIB, 2), "MiB", flat))
+    burst = result.get("burst")
+    if burst:
+        near = float(burst["calls_within_500ms_of_deadline"])
+        ok = near == 0 and not burst["errors"] and not burst["runtime_nri_timeouts"]
+        out.append(Target(version, f"burst of {burst['pods']}: handler calls within 0.5 s of the 2 s deadline",
+                          near, 0.0, "calls", ok))
+    return out
+
+
+# ---------------------------------------------------------------------------- text
+
+
+def _f(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 1) -> list[str]:
+    """A Markdown table; the first ``left`` columns are text, the others numbers."""
+    cells = [list(header)] + [[_f(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["| " + " | ".join(c.ljust(w) if i < left else c.rjust(w)
+                               for i, (c, w) in enumerate(zip(r, widths, strict=True))) + " |" for r in cells]
+    rule = ["-" * (w + 2) if i < left else "-" * (w + 1) + ":" for i, w in enumerate(widths)]
+    lines.insert(1, "|" + "|".join(rule) + "|")
+    return lines
+
+
+def _latency_lines(result: dict[str, Any]) -> list[str]:
+    lat = result["latency"]
+    base = lat.get(_BASE, {}).get("create+start", {}).get("p50")
+    rows = []
+    for v in lat.values():
+        t = v["create+start"]
+        delta = t["p50"] - base if base is not None else None
+        rows.append([v["label"], v["pods"], v["create"]["p50"], v["start"]["p50"], t["mean"], t["p50"], t["p95"],
+                     t["p99"], t["max"], delta])
+    return _table(["variant", "pods", "create p50", "start p50", "mean", "p50", "p95", "p99", "max", "p50 - no plugin"],
+                  rows)
+
+
+def _handler_lines(result: dict[str, Any]) -> list[str]:
+    rows = []
+    for variant, steps in result.get("handler", {}).items():
+        label = next(v.label for v in VARIANTS if v.name == variant).removeprefix("nri-gpu, ")
+        for step, s in steps.items():
+            rows.append([f"{label}: {step}", s["n"], s["mean"], s["p50"], s["p95"], s["p99"], s["max"]])
+    return _table(["step (ms, from the plugin's log)", "n", "mean", "p50", "p95", "p99", "max"], rows)
+
+
+def render(results: dict[str, Any]) -> str:
+    out: list[str] = []
+    for version, result in results["runtimes"].items():
+        opts = results["options"]
+        out += [f"## containerd {version}", "",
+                f"CRI CreateContainer + StartContainer of one container in an already running pod, ms "
+                f"({opts['pods']} pods per variant, interleaved):", ""]
+        out += [*_latency_lines(result), ""]
+        if result.get("handler"):
+            out += ["Time inside nri-gpu's handlers, by step:", "", *_handler_lines(result), ""]
+        if burst := result.get("burst"):
+            out.append(f"Burst of {burst['pods']} one-GPU pods at once: slowest handler call "
+                       f"{_f(burst['slowest_handler_ms'])} ms of {burst['handler_calls']}; "
+                       f"{burst['calls_within_500ms_of_deadline']} within 0.5 s of the 2 s deadline; "
+                       f"CRI create p99 {_f((burst['cri_create'] or {}).get('p99'))} ms, "
+                       f"start p99 {_f((burst['cri_start'] or {}).get('p99'))} ms; errors: {len(burst['errors'])}.")
+        if churn := result.get("churn"):
+            out.append(f"Churn of {churn['containers']} GPU containers ({churn['seconds']} s): RSS "
+                       f"{churn['rss_mib_start']} MiB at start, {churn['rss_mib_after_warmup']} after warm-up, "
+                       f"{churn['rss_mib_end']} at the end (peak {churn['rss_mib_peak']}); descriptors "
+                       f"{churn['fds_start']} / {churn['fds_after_warmup']} / {churn['fds_end']}: "
+                       f"{'flat' if churn['rss_flat'] and churn['fds_flat'] else 'NOT flat'}.")
+        out.append("")
+    if split := results.get("inprocess", {}).get("create_split"):
+        out += ["## CreateContainer path in-process (same code, same node), ms", ""]
+        rows = []
+        for variant, steps in split.items():
+            for step, s in steps.items():
+                rows.append([f"{variant}: {step}", s["n"], s["p50"], s["p95"], s["p99"], s["max"]])
+        out += [*_table(["step", "n", "p50", "p95", "p99", "max"], rows), ""]
+    out += ["## Targets", ""]
+    rows = [[t["runtime"], t["target"], f"{t['value']:.2f} {t['unit']}", f"{t['limit']:g} {t['unit']}",
+             "met" if t["met"] else "MISSED"] for t in results["targets"]]
+    out += _table(["containerd", "target", "measured", "limit", ""], rows, left=2)
+    return "\n".join(out) + "\n"
