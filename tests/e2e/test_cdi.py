@@ -47,14 +47,17 @@ def plugin(containerd: Testbed, node: SimNode, tmp_path_factory: pytest.TempPath
 
 
 @pytest.fixture(scope="module")
-def spec(containerd: Testbed, node: SimNode) -> dict[str, Any]:
+def spec(containerd: Testbed, node: SimNode) -> Iterator[dict[str, Any]]:
+    # Removed afterwards: containerd is shared by the session, and two specs of the
+    # same kind naming the same device make every injection of it fail.
     path = containerd.containerd.cdi_dir / "nri-gpu.json"
     done = subprocess.run(
         [NRI_GPU, "cdi", "generate", *node.flags(), "--output", str(path)], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     loaded: dict[str, Any] = json.loads(path.read_text())
-    return loaded
+    yield loaded
+    path.unlink(missing_ok=True)
 
 
 def sh(cri: CriClient, cid: str, script: str) -> str:
