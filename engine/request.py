@@ -203,10 +203,13 @@ def _marker_ids(mounts: Iterable[tuple[str, str]]) -> list[str]:
 # -- capabilities and requirements -------------------------------------------------------
 
 
-def parse_capabilities(value: str | None, *, legacy_image: bool) -> frozenset[Capability]:
+def parse_capabilities(
+    value: str | None, *, legacy_image: bool, what: str = f"env {DRIVER_CAPABILITIES}="
+) -> frozenset[Capability]:
     """``NVIDIA_DRIVER_CAPABILITIES``: unset or empty gives utility+compute (every one for a legacy image).
 
     Names compare case-insensitively; empty entries are skipped; ``all`` anywhere means all.
+    ``what`` names the value's source in errors (``--capabilities `` for a flag).
 
     >>> sorted(c.value for c in parse_capabilities(" Compute, video ", legacy_image=False))
     ['compute', 'video']
@@ -223,9 +226,7 @@ def parse_capabilities(value: str | None, *, legacy_image: bool) -> frozenset[Ca
             cap = _CAPABILITY_BY_NAME.get(name)
             if cap is None:
                 known = ", ".join(sorted(_CAPABILITY_BY_NAME))
-                raise RequestError(
-                    f"env {DRIVER_CAPABILITIES}={_q(value)}: unknown capability {_q(raw.strip())} (known: {known}, all)"
-                )
+                raise RequestError(f"{what}{_q(value)}: unknown capability {_q(raw.strip())} (known: {known}, all)")
             caps.add(cap)
     if everything:
         return ALL_CAPABILITIES

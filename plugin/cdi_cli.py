@@ -23,10 +23,10 @@ from typing import Any
 from engine.cdi import cdi_spec, hook_command
 from engine.config import EngineConfig
 from engine.discover import discover
-from engine.errors import EngineError, RequestError
+from engine.errors import EngineError
 from engine.hook import run_hook
 from engine.model import Capability
-from engine.request import DRIVER_CAPABILITIES, parse_capabilities
+from engine.request import parse_capabilities
 
 COMMANDS = ("cdi", "hook")
 _EXECUTABLE = "nri-gpu"
@@ -58,10 +58,7 @@ def add_commands(commands: Any, add_roots: Any) -> None:
 
 
 def _capabilities(value: str | None, engine: EngineConfig) -> frozenset[Capability]:
-    try:
-        caps = parse_capabilities(value, legacy_image=False)
-    except RequestError as exc:  # the parser speaks of the env variable; here it is a flag
-        raise RequestError(str(exc).replace(f"env {DRIVER_CAPABILITIES}=", "--capabilities ", 1)) from exc
+    caps = parse_capabilities(value, legacy_image=False, what="--capabilities ")
     return caps & engine.policy.capabilities
 
 
