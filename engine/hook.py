@@ -52,14 +52,7 @@ def parse_state(data: bytes) -> HookState:
     >>> parse_state(b'{"ociVersion": "1.0.2", "id": "abc", "status": "creating", "bundle": "/b"}')
     HookState(container_id='abc', bundle='/b')
     """
-    if len(data) > _STATE_LIMIT:
-        raise HookError(f"the OCI state on stdin is over {_STATE_LIMIT} bytes")
-    try:
-        state = json.loads(data)
-    except ValueError as exc:
-        raise HookError(f"the OCI state on stdin is not JSON: {exc}") from exc
-    if not isinstance(state, dict):
-        raise HookError("the OCI state on stdin is not a JSON object")
+    state = _json_object(data, "the OCI state on stdin", _STATE_LIMIT)
     container, bundle = state.get("id"), state.get("bundle")
     if not isinstance(container, str) or not container:
         raise HookError(f"the OCI state has no container id (id: {container!r})")
@@ -129,12 +122,17 @@ def _read_config(bundle: str) -> dict[str, Any]:
             data = f.read(_CONFIG_LIMIT + 1)
     except OSError as exc:
         raise HookError(f"{path}: {exc.strerror}") from exc
-    if len(data) > _CONFIG_LIMIT:
-        raise HookError(f"{path} is over {_CONFIG_LIMIT} bytes")
+    return _json_object(data, path, _CONFIG_LIMIT)
+
+
+def _json_object(data: bytes, what: str, limit: int) -> dict[str, Any]:
+    """``data`` as a JSON object, at most ``limit`` bytes; HookError naming ``what`` otherwise."""
+    if len(data) > limit:
+        raise HookError(f"{what} is over {limit} bytes")
     try:
-        config = json.loads(data)
+        value = json.loads(data)
     except ValueError as exc:
-        raise HookError(f"{path}: not JSON: {exc}") from exc
-    if not isinstance(config, dict):
-        raise HookError(f"{path}: not a JSON object")
-    return config
+        raise HookError(f"{what} is not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise HookError(f"{what} is not a JSON object")
+    return value
