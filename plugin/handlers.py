@@ -150,11 +150,7 @@ class GpuPlugin:
         try:
             plan = self._pending.pop(container.id, None) or self._replan(pod, container)
         except PluginError as exc:
-            ms = self._took(STEP_START, began)
-            fields = _fields(
-                "StartContainer", pod, container, decision="start_refused", reason=str(exc), duration_ms=ms
-            )
-            logger.warning("%s: start refused: %s", who, exc, extra={"nri_gpu": fields})
+            self._log_start_refusal(pod, container, began, str(exc), exc)
             raise
         if plan is None:
             return
@@ -170,9 +166,7 @@ class GpuPlugin:
         except EngineError as exc:
             # The stub already names the container and pod; keep the step and cause.
             reason = f"{exc.step}: {exc.error}" if isinstance(exc, StartError) else str(exc)
-            ms = self._took(STEP_START, began)
-            fields = _fields("StartContainer", pod, container, decision="start_refused", reason=reason, duration_ms=ms)
-            logger.warning("%s: start refused: %s", who, exc, extra={"nri_gpu": fields})
+            self._log_start_refusal(pod, container, began, reason, exc)
             raise PluginError(reason) from exc
         ms = self._took(STEP_START, began)
         bus_ids = [g.bus_id for g in plan.gpus]
@@ -188,6 +182,13 @@ class GpuPlugin:
         logger.info(
             "%s: started with GPUs %s (%.1f ms)", who, ",".join(bus_ids) or "none", ms, extra={"nri_gpu": fields}
         )
+
+    def _log_start_refusal(
+        self, pod: api.PodSandbox, container: api.Container, began: float, reason: str, exc: Exception
+    ) -> None:
+        ms = self._took(STEP_START, began)
+        fields = _fields("StartContainer", pod, container, decision="start_refused", reason=reason, duration_ms=ms)
+        logger.warning("%s: start refused: %s", describe(pod, container), exc, extra={"nri_gpu": fields})
 
     def _replan(self, pod: api.PodSandbox, container: api.Container) -> Plan | None:
         """The plan of a container created without this process's knowledge.
