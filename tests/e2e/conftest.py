@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ import pytest
 from tests.testbed import debs, images, runtimes
 from tests.testbed.containerd import Containerd, reap_stale
 from tests.testbed.cri import CriClient
+from tests.testbed.gpunode import SimNode, build_node
+from tests.testbed.plugins import NriGpuProcess
 
 _IDS = {"1.7.24": "containerd-1.7", "2.1.9": "containerd-2.1"}
 
@@ -156,3 +159,35 @@ def testbed_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callab
     yield make
     for bed in reversed(started):
         _finish(bed)
+
+
+# -- a simulated GPU node, nri-gpu serving it, its CDI spec ------------------------------
+
+NRI_GPU = str(Path(sys.executable).with_name("nri-gpu"))  # this checkout's, run as a hook by runc
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
+    """A 4-GPU simulated node (minors not in bus order), one per test module."""
+    return build_node(tmp_path_factory.mktemp("gpu-node"), gpus=4)
+
+
+@pytest.fixture(scope="module")
+def plugin(containerd: Testbed, node: SimNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NriGpuProcess]:
+    """``nri-gpu run`` serving ``node`` to the module's containerd; must exit 0."""
+    log = tmp_path_factory.mktemp("nri-gpu-log") / "nri-gpu.log"
+    proc = NriGpuProcess(containerd.containerd.nri_socket, log, *node.flags()).start()
+    yield proc
+    assert proc.stop() == 0, proc.log()
+
+
+def write_cdi_spec(bed: Testbed, node: SimNode, name: str) -> Path:
+    """``nri-gpu cdi generate`` for ``node`` into containerd's CDI spec directory.
+
+    The caller removes it: containerd is shared by the session, and two specs of
+    the same kind naming the same device make every injection of it fail."""
+    path = bed.containerd.cdi_dir / name
+    done = subprocess.run([NRI_GPU, "cdi", "generate", *node.flags(), "--output", str(path)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return path

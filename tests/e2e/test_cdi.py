@@ -14,47 +14,24 @@ plugin from acting on it a second time.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.testbed.cri import CriClient, CriError
-from tests.testbed.gpunode import SimNode, build_node
+from tests.testbed.gpunode import SimNode
 from tests.testbed.images import GLIBC
 from tests.testbed.plugins import NriGpuProcess
 
-from .conftest import Testbed
+from .conftest import NRI_GPU, Testbed, write_cdi_spec
 
 SLEEP = ["sh", "-c", "sleep 3600"]
-NRI_GPU = str(Path(sys.executable).with_name("nri-gpu"))
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
-    return build_node(tmp_path_factory.mktemp("gpu-node"), gpus=4)
-
-
-@pytest.fixture(scope="module")
-def plugin(containerd: Testbed, node: SimNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NriGpuProcess]:
-    log = tmp_path_factory.mktemp("nri-gpu-log") / "nri-gpu.log"
-    proc = NriGpuProcess(containerd.containerd.nri_socket, log, *node.flags()).start()
-    yield proc
-    assert proc.stop() == 0, proc.log()
 
 
 @pytest.fixture(scope="module")
 def spec(containerd: Testbed, node: SimNode) -> Iterator[dict[str, Any]]:
-    # Removed afterwards: containerd is shared by the session, and two specs of the
-    # same kind naming the same device make every injection of it fail.
-    path = containerd.containerd.cdi_dir / "nri-gpu.json"
-    done = subprocess.run(
-        [NRI_GPU, "cdi", "generate", *node.flags(), "--output", str(path)], capture_output=True, text=True
-    )
-    assert done.returncode == 0, done.stderr
+    path = write_cdi_spec(containerd, node, "nri-gpu.json")
     loaded: dict[str, Any] = json.loads(path.read_text())
     yield loaded
     path.unlink(missing_ok=True)

@@ -33,7 +33,7 @@ import yaml
 from plugin.config import Settings, from_toml
 from tests.testbed import images
 from tests.testbed.cri import CriClient
-from tests.testbed.gpunode import SimNode, build_node
+from tests.testbed.gpunode import SimNode
 from tests.testbed.images import GLIBC
 from tests.testbed.plugin_image import IMAGE, plugin_image
 from tests.testbed.plugins import wait_until
@@ -44,11 +44,6 @@ SLEEP = ["sh", "-c", "sleep 3600"]
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 _NS_POD, _NS_NODE = 0, 2  # CRI NamespaceMode POD (the pod's own) and NODE (the host's)
 _imported: set[str] = set()  # containerd workdirs the image was imported into
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
-    return build_node(tmp_path_factory.mktemp("gpu-node"), gpus=4)
 
 
 @dataclass(frozen=True)

@@ -5,31 +5,17 @@ order). Every test runs on both containerd versions."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
 from tests.testbed.cri import CriClient, CriError
-from tests.testbed.gpunode import SimNode, build_node
+from tests.testbed.gpunode import SimNode
 from tests.testbed.images import GLIBC
 from tests.testbed.plugins import NriGpuProcess
 
 from .conftest import Testbed
 
 SLEEP = ["sh", "-c", "sleep 3600"]
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
-    return build_node(tmp_path_factory.mktemp("gpu-node"), gpus=4)
-
-
-@pytest.fixture(scope="module")
-def plugin(containerd: Testbed, node: SimNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NriGpuProcess]:
-    log = tmp_path_factory.mktemp("nri-gpu-log") / "nri-gpu.log"
-    proc = NriGpuProcess(containerd.containerd.nri_socket, log, *node.flags()).start()
-    yield proc
-    assert proc.stop() == 0, proc.log()
 
 
 def run(cri: CriClient, pod_name: str, *, annotations: dict[str, str] | None = None, **kw: object) -> str:

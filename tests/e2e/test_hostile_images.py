@@ -36,7 +36,6 @@ import os
 import secrets
 import shutil
 import stat
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -47,12 +46,11 @@ import pytest
 
 from tests.testbed import hostile, images
 from tests.testbed.cri import CriClient, CriError
-from tests.testbed.gpunode import SimNode, build_node
+from tests.testbed.gpunode import SimNode
 from tests.testbed.images import GLIBC
 from tests.testbed.plugins import NriGpuProcess
 
-from .conftest import Testbed
-from .test_cdi import NRI_GPU
+from .conftest import Testbed, write_cdi_spec
 
 SLEEP = ["sh", "-c", "sleep 3600"]
 BAIT = Path(hostile.BAIT_ROOT)
@@ -64,11 +62,6 @@ PROBLEM_WORDS = ("symbolic link", "symlink", "magic link", "magic-link", "outsid
 
 
 # --------------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
-    return build_node(tmp_path_factory.mktemp("gpu-node"), gpus=4)
 
 
 @pytest.fixture(scope="module")
@@ -96,13 +89,10 @@ def plugin(containerd: Testbed, node: SimNode, hostile_images: dict[str, images.
 def route(request: pytest.FixtureRequest, containerd: Testbed, node: SimNode) -> Iterator[str]:
     """How the GPU is asked for: the NRI plugin (pod annotation), or containerd's CDI
     support running our createContainer hook (``cdi.k8s.io/`` annotation)."""
-    spec = containerd.containerd.cdi_dir / "nri-gpu-hostile.json"
-    if request.param == "cdi":
-        done = subprocess.run([NRI_GPU, "cdi", "generate", *node.flags(), "--output", str(spec)],
-                              capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
+    spec = write_cdi_spec(containerd, node, "nri-gpu-hostile.json") if request.param == "cdi" else None
     yield str(request.param)
-    spec.unlink(missing_ok=True)
+    if spec is not None:
+        spec.unlink(missing_ok=True)
 
 
 Snapshot = dict[str, tuple[object, ...] | None]
