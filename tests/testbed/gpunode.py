@@ -50,7 +50,7 @@ Packages (all ``550.163.01-2`` from trixie unless noted; amd64 unless noted):
 * ngx: libnvidia-ngx1
 * firmware: firmware-nvidia-gsp
 * i386: libcuda1, libnvidia-ml1, libnvidia-ptxjitcompiler1
-* not NVIDIA: zlib1g (``1:1.3.dfsg+really1.3.1-1+b1``)
+* not NVIDIA: zlib1g (``1:1.3.dfsg+really1.3.1-*``, whichever build the suite has)
 
 Not in Debian at this version, hence absent: ``nvidia-debugdump``, ``libnvidia-nscq``,
 ``nv-fabricmanager``, ``nvidia-imex``.
@@ -111,12 +111,16 @@ log = logging.getLogger(__name__)
 DRIVER_VERSION = "550.163.01"
 SUITE = "trixie"
 # main for zlib; the driver is split over non-free (libraries), contrib (persistenced)
-# and non-free-firmware (GSP). i386 for the 32-bit compat libraries.
+# and non-free-firmware (GSP).
 COMPONENTS = ("main", "contrib", "non-free", "non-free-firmware")
-ARCHITECTURES = ("amd64", "i386")
+# The 32-bit compat libraries (libcuda1:i386 ...) are all in non-free: they get their
+# own apt lists with that component alone, so that a mirror caught mid-sync on another
+# component's i386 index (seen: "File has unexpected size") cannot block the node.
+COMPONENTS_I386 = ("non-free",)
 _DEB = f"{DRIVER_VERSION}-2"
 # A non-NVIDIA library every real ld.so.cache also lists (and all a driverless node has).
-_ZLIB = ("zlib1g", "1:1.3.dfsg+really1.3.1-1+b1")
+# A glob: Debian rebuilds zlib in point releases (-1+b1 became -1+deb13u1); any build will do.
+_ZLIB = ("zlib1g", "1:1.3.dfsg+really1.3.1-*")
 
 # (package, Debian version). Order only matters for readability.
 PACKAGES: tuple[tuple[str, str], ...] = (
@@ -353,10 +357,12 @@ def _write_ld_so_conf(root: Path, dirs: Sequence[str]) -> None:
 
 
 def _extract_all() -> dict[str, Path]:
-    return {
-        pkg: debs.extract(pkg, SUITE, version, components=COMPONENTS, architectures=ARCHITECTURES)
-        for pkg, version in PACKAGES
-    }
+    return {pkg: _extract(pkg, version) for pkg, version in PACKAGES}
+
+
+def _extract(pkg: str, version: str) -> Path:
+    components = COMPONENTS_I386 if pkg.endswith(":i386") else COMPONENTS
+    return debs.extract(pkg, SUITE, version, components=components)
 
 
 def _tree_key() -> str:
@@ -520,7 +526,7 @@ def no_driver_tree() -> Path:
         if tree.is_dir():
             return tree
         pkg, version = _ZLIB
-        zlib = debs.extract(pkg, SUITE, version, components=COMPONENTS, architectures=ARCHITECTURES)
+        zlib = _extract(pkg, version)
         tmp = Path(tempfile.mkdtemp(dir=base, prefix=".nodriver-"))
         try:
             _assemble(tmp, {pkg: zlib})
