@@ -57,4 +57,5 @@ def test_tiny_run_on_one_containerd(tmp_path: Path) -> None:
     assert run["burst"]["handler_calls"] == 8 and not run["burst"]["errors"]
     assert run["churn"]["points"][-1]["containers"] == 10
     assert {t["target"].split(" ")[0] for t in results["targets"]} >= {"asks-for-nothing", "planning", "RSS"}
-    assert "nri-gpu-8gpu: plan" in render(results)
+    assert [e["when"] for e in results["load"]] == ["at the start", "after containerd 2.1.9", "at the end"]
+    assert "nri-gpu-8gpu: plan" in render(results) and "Load average (1 min)" in render(results)

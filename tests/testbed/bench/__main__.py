@@ -83,6 +83,14 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _note_load(results: dict[str, Any], when: str) -> None:
+    """Record the load average: latency tails mean little on a machine busy with other work."""
+    one, five, fifteen = os.getloadavg()
+    results["load"].append({"when": when, "1m": round(one, 2), "5m": round(five, 2), "15m": round(fifteen, 2)})
+    if one > (os.cpu_count() or 1) / 2:
+        _log(f"warning: load average {one:.2f} on {os.cpu_count()} CPUs {when}: other work will inflate the tails")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every measurement; returns the results document."""
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
@@ -96,16 +104,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "options": {"runtimes": args.runtimes, "pods": args.pods, "churn": args.churn, "burst": args.burst,
                     "profile_iterations": args.profile_iterations, "seed": seed},
         "runtimes": {},
+        "load": [],
     }
+    _note_load(results, "at the start")
     try:
         node = build_node(workdir / "node", gpus=8)
         for version in args.runtimes:
             results["runtimes"][version] = _one_runtime(version, node, workdir / f"c-{version}", rng, args)
+            _note_load(results, f"after containerd {version}")
         _log("in-process split and profile of CreateContainer")
         results["inprocess"] = {
             "create_split": inprocess.measure_create_split(node, args.profile_iterations),
             "profile_8gpu": inprocess.profile_create(node, _8_GPUS, args.profile_iterations),
         }
+        _note_load(results, "at the end")
     finally:
         if args.keep_workdir:
             _log(f"workdir kept: {workdir}")

@@ -220,6 +220,12 @@ def render(results: dict[str, Any]) -> str:
             for step, s in steps.items():
                 rows.append([f"{variant}: {step}", s["n"], s["p50"], s["p95"], s["p99"], s["max"]])
         out += [*_table(["step", "n", "p50", "p95", "p99", "max"], rows), ""]
+    if load := results.get("load"):
+        cpus = results.get("machine", {}).get("cpus") or 1
+        peak = max(entry["1m"] for entry in load)
+        points = ", ".join(f"{entry['1m']:.2f} {entry['when']}" for entry in load)
+        verdict = "quiet" if peak <= cpus / 2 else "BUSY with other work: tails (p95, p99, max) are inflated"
+        out += [f"Load average (1 min) on {cpus} CPUs: {points}; the machine was {verdict}.", ""]
     out += ["## Targets", ""]
     rows = [[t["runtime"], t["target"], f"{t['value']:.2f} {t['unit']}", f"{t['limit']:g} {t['unit']}",
              "met" if t["met"] else "MISSED"] for t in results["targets"]]
