@@ -39,6 +39,22 @@ def test_log_parser_reads_decisions_and_start_steps() -> None:
     assert log.steps("bench-x-") == [{"enter": 1.5, "total": 20.25}]
 
 
+def test_log_parser_prefers_the_steps_of_the_decision_lines() -> None:
+    text = "\n".join([
+        json.dumps({"level": "info", "message": "m", "event": "CreateContainer", "pod": "bench-x-1",
+                    "container": "main", "container_id": "c1", "decision": "allocated", "duration_ms": 0.5,
+                    "steps_ms": {"request": 0.1, "plan": 0.25, "adjustment": 0.05}}),
+        json.dumps({"level": "info", "message": "m", "event": "StartContainer", "pod": "bench-x-1",
+                    "container": "main", "container_id": "c1", "decision": "started", "duration_ms": 14.0,
+                    "steps_ms": {"enter": 1.0, "total": 11.0}}),
+        json.dumps({"level": "debug", "message": "container \"main\" in pod \"default/bench-x-1\": start steps (ms) "
+                    "{'enter': 9.0, 'total': 99.0}"}),
+    ])
+    log = parse_log(text)
+    assert log.steps("bench-x-", "CreateContainer") == [{"request": 0.1, "plan": 0.25, "adjustment": 0.05}]
+    assert log.steps("bench-x-") == [{"enter": 1.0, "total": 11.0}]
+
+
 def test_tiny_run_on_one_containerd(tmp_path: Path) -> None:
     reason = _preflight()
     if reason:
@@ -54,6 +70,7 @@ def test_tiny_run_on_one_containerd(tmp_path: Path) -> None:
         steps = run["handler"][variant]
         assert steps["CreateContainer: parse+plan+encode"]["n"] == 3
         assert steps["start/total"]["n"] == 3
+        assert steps["create/plan"]["n"] == 3 and steps["start: fork, pipe, reap (handler - total)"]["n"] == 3
     assert run["burst"]["handler_calls"] == 8 and not run["burst"]["errors"]
     assert run["churn"]["points"][-1]["containers"] == 10
     assert {t["target"].split(" ")[0] for t in results["targets"]} >= {"asks-for-nothing", "planning", "RSS"}

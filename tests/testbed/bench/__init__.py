@@ -7,15 +7,15 @@ version in turn:
   already running pod, for five variants measured side by side (interleaved,
   see ``session``): no plugin; a do-nothing plugin on our stub (``noop``);
   nri-gpu with a pod that asks for nothing; nri-gpu with 1 GPU; with 8 GPUs;
-* **the plugin's own time** per step, read from its JSON log at debug level
-  (``logparse``): CreateContainer's parse+plan+encode (one timing in the
-  plugin), StartContainer's handler and the start engine's steps;
+* **the plugin's own time** per step, read from its JSON log (``logparse``):
+  each decision line's whole handler and its ``steps_ms`` (CreateContainer's
+  request, plan and adjustment; the start engine's steps);
 * a **burst** of one-GPU pods at once: the slowest handler call against the 2 s
   NRI deadline;
 * **churn**: the plugin's RSS and descriptors over many GPU containers;
 
 and then, in this process, the CreateContainer path split into parse, plan and
-encode, and a cProfile of it (``inprocess``). Results: a table on stdout and a
+encode without any I/O, and a cProfile of it (``inprocess``). Results: a table on stdout and a
 JSON document (``--output``). Modules: ``stats`` (pure), ``logparse`` (pure),
 ``noop``, ``session``, ``inprocess``, ``report``, ``__main__``.
 """

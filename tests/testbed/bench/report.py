@@ -10,11 +10,13 @@ from .logparse import PluginLog
 from .session import NEAR_DEADLINE_MS, VARIANTS, BurstResult, ChurnResult, Sample
 from .stats import grows, summarize
 
-__all__ = ["START_STEPS", "Target", "churn_dict", "evaluate", "handler_dict", "latency_dict", "render"]
+__all__ = ["CREATE_STEPS", "START_STEPS", "Target", "churn_dict", "evaluate", "handler_dict", "latency_dict", "render"]
 
 # The start engine's steps (engine/start/work.py StartReport), in the order they run.
 START_STEPS = ("enter", "procfs isolation", "read-only root", "symlinks", "ld.so.conf", "ldconfig",
                "ldconfig process", "total")
+# CreateContainer's steps (plugin/handlers.py, the decision line's steps_ms).
+CREATE_STEPS = ("request", "plan", "adjustment")
 _MIB = 1024.0
 _RSS_LIMIT_MB = 50.0
 _GROWTH_TOLERANCE_KIB = 1024  # RSS may wander this much between the first and last quarter of the churn
@@ -48,12 +50,19 @@ def handler_dict(log: PluginLog) -> dict[str, Any]:
             "CreateContainer: parse+plan+encode": log.durations("CreateContainer", prefix),
             "StartContainer: whole handler": log.durations("StartContainer", prefix),
         }
-        steps = log.steps(prefix)
+        creates = log.steps(prefix, "CreateContainer")
+        for name in CREATE_STEPS:
+            series[f"create/{name}"] = [t[name] for t in creates if name in t]
+        starts = log.steps(prefix)
         for name in START_STEPS:
-            series[f"start/{name}"] = [t[name] for t in steps if name in t]
-        handler = {d.pod: d.duration_ms for d in log.decisions if d.event == "StartContainer" and d.pod.startswith(prefix)}
+            series[f"start/{name}"] = [t[name] for t in starts if name in t]
+        handler = [d for d in log.decisions if d.event == "StartContainer" and d.pod.startswith(prefix)]
         totals = {s.pod: s.timings_ms.get("total", 0.0) for s in log.start_steps if s.pod.startswith(prefix)}
-        series["start: fork, pipe, reap (handler - total)"] = [handler[p] - totals[p] for p in handler if p in totals]
+        series["start: fork, pipe, reap (handler - total)"] = [
+            d.duration_ms - (d.steps_ms or {"total": totals.get(d.pod, d.duration_ms)}).get("total", 0.0)
+            for d in handler
+            if d.steps_ms or d.pod in totals
+        ]
         out[v.name] = {name: summarize(values).as_dict() for name, values in series.items() if values}
     return out
 
