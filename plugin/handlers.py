@@ -20,7 +20,7 @@ from engine.errors import EngineError, StartError
 from engine.model import Plan
 from engine.plan import plan as make_plan
 from engine.request import parse_request
-from engine.start.runner import find_init_pid, run_start_async
+from engine.start.runner import find_init_pid, run_start_async, shows_driver_view
 from engine.start.work import start_work
 from plugin._proto import nri_pb2 as api
 from plugin.adjustment import GPUS_ANNOTATION, to_adjustment
@@ -31,6 +31,7 @@ from plugin.request import container_info, describe, may_request
 logger = logging.getLogger(__name__)
 
 Starter = Callable[..., Awaitable[None]]
+ViewCheck = Callable[[int], bool | None]  # pid -> shows our /proc view (None: cannot tell)
 
 
 class GpuPlugin:
@@ -42,11 +43,13 @@ class GpuPlugin:
         inventory: InventoryCache | None = None,
         *,
         starter: Starter = run_start_async,
+        view_check: ViewCheck = shows_driver_view,
         metrics: PluginMetrics | None = None,
     ) -> None:
         self._config = config
         self._inventory = inventory if inventory is not None else InventoryCache(config)
         self._starter = starter
+        self._view_check = view_check
         self._metrics = metrics
         if metrics is not None:
             metrics.inventory_gpus.set(len(self._inventory.get().gpus))
@@ -214,12 +217,16 @@ class GpuPlugin:
         return plan
 
     async def synchronize(self, pods: list[api.PodSandbox], containers: list[api.Container]) -> None:
-        """Name the running containers that asked for GPUs and have none.
+        """Name the running GPU containers that did not get all of our work.
 
         The runtime serves CRI before an external plugin is back (after a
-        runtime restart, or ours): a container created *and* started in that
-        window never reached us, and no plugin can stop it any more. It cannot
-        use a GPU; say so once, loudly, so an operator can recreate it.
+        runtime restart, or ours), and drops a plugin whose connection breaks
+        mid-request. So two kinds of container can be running that no plugin
+        can stop any more: one created *and* started while we were away (it
+        asked for GPUs and has none), and one whose StartContainer was in
+        flight when the plugin died (it has CreateContainer's devices and
+        files but not the start work: no /proc view, links or ld.so cache).
+        Say so once, loudly, for each, so an operator can recreate it.
         """
         by_id = {pod.id: pod for pod in pods}
         for container in containers:
@@ -227,23 +234,39 @@ class GpuPlugin:
             if (
                 pod is None
                 or container.state != api.CONTAINER_RUNNING
-                or GPUS_ANNOTATION in container.annotations
                 or not may_request(pod, container, self._config.policy)
             ):
                 continue
-            try:
-                asked = parse_request(container_info(pod, container), self._config.policy).request is not None
-            except EngineError:
-                asked = True  # a request we would have refused: it runs without GPUs all the same
-            if asked:
-                reason = "it asked for GPUs but was created and started while nri-gpu was not connected"
-                fields = _fields("Synchronize", pod, container, decision="unequipped", reason=reason)
+            given = container.annotations.get(GPUS_ANNOTATION)
+            if given is None:
+                self._name_if_unequipped(pod, container)
+            elif given != "none" and container.pid > 0 and self._view_check(container.pid) is False:
+                reason = (
+                    "it has its GPUs' devices and driver files but not its start work (no /proc/driver view, "
+                    "library links or ld.so cache): nri-gpu stopped, or the runtime dropped it, while it was starting"
+                )
+                fields = _fields("Synchronize", pod, container, decision="half_equipped", reason=reason)
                 logger.warning(
-                    "%s runs without its GPUs: %s; delete it and create it again",
+                    "%s runs half equipped: %s; delete it and create it again",
                     describe(pod, container),
                     reason,
                     extra={"nri_gpu": fields},
                 )
+
+    def _name_if_unequipped(self, pod: api.PodSandbox, container: api.Container) -> None:
+        try:
+            asked = parse_request(container_info(pod, container), self._config.policy).request is not None
+        except EngineError:
+            asked = True  # a request we would have refused: it runs without GPUs all the same
+        if asked:
+            reason = "it asked for GPUs but was created and started while nri-gpu was not connected"
+            fields = _fields("Synchronize", pod, container, decision="unequipped", reason=reason)
+            logger.warning(
+                "%s runs without its GPUs: %s; delete it and create it again",
+                describe(pod, container),
+                reason,
+                extra={"nri_gpu": fields},
+            )
 
     async def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         self._pending.pop(container.id, None)

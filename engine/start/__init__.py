@@ -7,7 +7,14 @@ symlinks, ``/etc/ld.so.conf.d/00-nri-gpu.conf`` and the ld.so cache (rebuilt by
 the host's static ldconfig, confined). Failures raise ``engine.errors.StartError``.
 """
 
-from engine.start.runner import DEFAULT_LDCONFIG, DEFAULT_TIMEOUT, find_init_pid, run_start, run_start_async
+from engine.start.runner import (
+    DEFAULT_LDCONFIG,
+    DEFAULT_TIMEOUT,
+    find_init_pid,
+    run_start,
+    run_start_async,
+    shows_driver_view,
+)
 from engine.start.work import StartReport, StartWork, start_work
 
 __all__ = [
@@ -18,5 +25,6 @@ __all__ = [
     "find_init_pid",
     "run_start",
     "run_start_async",
+    "shows_driver_view",
     "start_work",
 ]

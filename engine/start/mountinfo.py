@@ -1,14 +1,22 @@
-"""Which mounts of a mount namespace are procfs, from ``/proc/<pid>/mountinfo``.  (pure)
+"""What ``/proc/<pid>/mountinfo`` says about a mount namespace.  (pure)
 
-procfs is where magic links live (``/proc/<n>/root``, ``/proc/<n>/fd/<k>``,
-``/proc/<n>/cwd``): a path through one of them leaves the container's root. The
-trusted ldconfig runs with every procfs mount of the container covered, so it
-cannot reach one even through a symlink the image planted.
+Which mounts are procfs: procfs is where magic links live (``/proc/<n>/root``,
+``/proc/<n>/fd/<k>``, ``/proc/<n>/cwd``): a path through one of them leaves the
+container's root. The trusted ldconfig runs with every procfs mount of the
+container covered, so it cannot reach one even through a symlink the image
+planted.
+
+Whether the namespace shows nri-gpu's ``/proc/driver`` view: the plugin reads
+that from the host, without entering the container, to find containers whose
+start work was cut short.
 """
 
 from __future__ import annotations
 
-__all__ = ["proc_mount_points"]
+__all__ = ["VIEW_SOURCE", "has_driver_view", "proc_mount_points"]
+
+VIEW_SOURCE = "nri-gpu"  # the "device" name of the view's tmpfs, as mountinfo shows it
+_VIEW_UNDER = "/proc/driver"
 
 
 def _unescape(field: str) -> str:
@@ -25,6 +33,37 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
+def _mounts(text: str) -> list[tuple[str, str, str]]:
+    """(mount point, file system type, source) of every line; ``ValueError`` names a bad one."""
+    out: list[tuple[str, str, str]] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or not tail:
+            raise ValueError(f"mountinfo: malformed line {line!r}")
+        out.append((_unescape(fields[4]), tail[0], _unescape(tail[1]) if len(tail) > 1 else ""))
+    return out
+
+
+def has_driver_view(text: str) -> bool:
+    """Whether a ``tmpfs`` named ``nri-gpu`` is mounted at ``/proc/driver`` or below.
+
+    >>> has_driver_view("1 0 0:1 / / rw - overlay o rw\\n2 1 0:2 / /proc rw - proc proc rw\\n"
+    ...                 "3 2 0:3 / /proc/driver/nvidia ro - tmpfs nri-gpu ro\\n")
+    True
+    >>> has_driver_view("2 1 0:2 / /proc rw - proc proc rw\\n3 2 0:3 / /proc/driver ro - tmpfs other ro\\n")
+    False
+
+    Raises ``ValueError`` naming a line that is not in mountinfo's format.
+    """
+    return any(
+        kind == "tmpfs" and source == VIEW_SOURCE and (point == _VIEW_UNDER or point.startswith(_VIEW_UNDER + "/"))
+        for point, kind, source in _mounts(text)
+    )
+
+
 def proc_mount_points(text: str) -> tuple[str, ...]:
     """Mount points (as the namespace's processes see them) of every ``proc`` mount,
     outermost first, without those below another one (covering that covers them).
@@ -39,16 +78,7 @@ def proc_mount_points(text: str) -> tuple[str, ...]:
 
     Raises ``ValueError`` naming a line that is not in mountinfo's format.
     """
-    points: list[str] = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        left, sep, right = line.partition(" - ")
-        fields = left.split()
-        if not sep or len(fields) < 5 or not right.split():
-            raise ValueError(f"mountinfo: malformed line {line!r}")
-        if right.split()[0] == "proc":
-            points.append(_unescape(fields[4]))
+    points = [point for point, kind, _ in _mounts(text) if kind == "proc"]
     kept: list[str] = []
     for point in sorted(set(points), key=lambda p: (p.count("/"), p)):
         if not any(point == k or point.startswith(k.rstrip("/") + "/") for k in kept):

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from engine.procfs import params_with_device_modification_disabled
 from engine.start import syscalls
+from engine.start.mountinfo import VIEW_SOURCE
 from engine.start.rootdir import RootDir, describe, read_regular
 from engine.start.work import WorkError
 
@@ -191,7 +192,7 @@ def _clone_gpus(source: int, bus_ids: tuple[str, ...]) -> dict[str, int]:
 
 
 def _new_tmpfs() -> int:
-    return syscalls.new_tmpfs((("source", "nri-gpu"), ("mode", "0555"), ("size", "4m"), ("nr_inodes", "4096")))
+    return syscalls.new_tmpfs((("source", VIEW_SOURCE), ("mode", "0555"), ("size", "4m"), ("nr_inodes", "4096")))
 
 
 def _build(

@@ -35,10 +35,18 @@ from types import ModuleType
 from typing import Any, NoReturn
 
 from engine.errors import StartError
-from engine.start import actions, cgroup
+from engine.start import actions, cgroup, mountinfo
 from engine.start.work import StartReport, StartWork
 
-__all__ = ["DEFAULT_LDCONFIG", "DEFAULT_TIMEOUT", "Reporter", "find_init_pid", "run_start", "run_start_async"]
+__all__ = [
+    "DEFAULT_LDCONFIG",
+    "DEFAULT_TIMEOUT",
+    "Reporter",
+    "find_init_pid",
+    "run_start",
+    "run_start_async",
+    "shows_driver_view",
+]
 
 DEFAULT_LDCONFIG = "/sbin/ldconfig"
 DEFAULT_TIMEOUT = 1.5  # under containerd's 2 s plugin_request_timeout, with room for the rest of the handler
@@ -156,6 +164,17 @@ def find_init_pid(cgroups_path: str, cgroup_root: str = "/sys/fs/cgroup", *, con
             raise StartError(container, "find init pid", f"{path}: expected exactly one process, found {found}")
         return pids[0]
     raise StartError(container, "find init pid", f"no cgroup.procs for {cgroups_path!r} under {cgroup_root}")
+
+
+def shows_driver_view(pid: int, proc: str = "/proc") -> bool | None:
+    """Whether process ``pid`` sees nri-gpu's ``/proc/driver`` view, which the start
+    work mounts first: read from the host (``<proc>/<pid>/mountinfo``), nothing is
+    entered. None when that cannot be told (the process is gone, or unreadable)."""
+    try:
+        with open(f"{proc}/{pid}/mountinfo", encoding="utf-8", errors="replace") as f:
+            return mountinfo.has_driver_view(f.read())
+    except (OSError, ValueError):
+        return None
 
 
 # --------------------------------------------------------------------------- parent side

@@ -2,7 +2,8 @@
 
 1. containerd restarted 20 times while a thread creates and starts GPU pods;
 2. ``nri-gpu run`` SIGKILLed in the middle of a burst of GPU pods, then started again;
-3. a CreateContainer handler slower than containerd's ``plugin_request_timeout``;
+3. a CreateContainer handler, and a StartContainer handler, slower than containerd's
+   ``plugin_request_timeout``;
 4. 1000 GPU containers in a row through one ``nri-gpu run``: RSS and fds stay flat.
 
 What a container "has its GPUs" means here (``assert_fully_equipped``): the
@@ -21,6 +22,7 @@ import asyncio
 import logging
 import os
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -396,8 +398,9 @@ def test_plugin_sigkilled_mid_burst_and_restarted(
       was in flight at the kill runs half equipped, with CreateContainer's devices,
       mounts and annotation but without the start work (no /proc view, no ld.so
       cache): containerd drops the broken plugin and starts it anyway. The test
-      asserts that only such containers are half, and that they are half in exactly
-      that way.
+      asserts that only such containers are half, that they are half in exactly
+      that way, and that the new process names each of them ("runs half
+      equipped") when it synchronizes, and no other.
     """
     first, _ = start_plugin(testbed, node, tmp_path / "nri-gpu-1.log")
     before: dict[str, tuple[str, View]] = {}
@@ -449,11 +452,13 @@ def test_plugin_sigkilled_mid_burst_and_restarted(
             h.attempt.request,
             h.attempt.name,
         )
+    assert second is not None
+    named = re.findall(r'container "([^"]+)" in pod "[^"]*" runs half equipped', second.log())
+    assert sorted(named) == sorted(h.attempt.name for h in racing)
     assert not out.bare, f"containers ran without their GPUs: {[a.name for a in out.bare]}"
     assert out.equipped, "no container of the burst ran"
     for cid, (_, view) in before.items():
         assert after[cid] == view, f"container {cid[:12]} changed: {view} -> {after[cid]}"
-    assert second is not None
     assert "before-" not in second.log(), "the new process acted on containers it did not start"
 
 
@@ -543,6 +548,58 @@ def test_slow_create_handler_is_dropped_and_the_container_refused_at_start(
         fine = cri.run_container(pod, "fine", SLEEP, image=GLIBC)
         assert_fully_equipped(view_of(cri, fine), node, "0", "fine")
     print(f"\n[{testbed.version}] CreateContainer answered after {took:.2f} s: {outcome}; plugin: {ours}")
+
+
+class SlowStartGpuPlugin(GpuPlugin):
+    """nri-gpu's handlers, with StartContainer of containers named "cut" held up for
+    SLOW_S before any work."""
+
+    async def start_container(self, pod: api.PodSandbox, container: api.Container) -> None:
+        if container.name == "cut":
+            await asyncio.sleep(SLOW_S)
+        await super().start_container(pod, container)
+
+
+def test_slow_start_handler_leaves_a_half_equipped_container_that_is_named(
+    testbed: Testbed, cri: CriClient, node: SimNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What containerd does when StartContainer takes longer than its 2 s
+    plugin_request_timeout (the same as when the plugin dies mid-StartContainer):
+    it drops the plugin and starts the container anyway, with CreateContainer's
+    devices, mounts and annotation but without the start work. No plugin can refuse
+    it any more; the reconnected plugin names it at Synchronize ("runs half
+    equipped", from the container's mountinfo: no /proc/driver view), and names
+    nothing else."""
+    caplog.set_level(logging.INFO)
+    config = EngineConfig(driver_root=str(node.driver_root), dev_root=str(node.dev_root), proc_root=str(node.proc_root))
+    with PluginThread(SlowStartGpuPlugin(config), testbed.containerd.nri_socket, name="nri-gpu", index="10") as runner:
+        pod = cri.run_pod("cut", annotations={"nvidia.com/gpus": "1"})
+        whole = cri.run_container(pod, "whole", SLEEP, image=GLIBC)
+        cid = cri.create_container(pod, None, "cut", GLIBC, SLEEP)
+        began = time.monotonic()
+        try:
+            cri.start_container(cid)
+            outcome = "started without the start work"
+        except CriError as exc:
+            # Our own 2 s ttrpc deadline can win the race: the reply fails the start.
+            assert "deadline" in str(exc).lower(), str(exc)
+            outcome = "start failed with our deadline error"
+        took = time.monotonic() - began
+        assert 1.9 < took < SLOW_S, f"StartContainer took {took:.2f} s"
+        runner.wait_registered(2, timeout=10)
+        half = [r.getMessage() for r in caplog.records if "runs half equipped" in r.getMessage()]
+        if outcome.startswith("started"):
+            view = view_of(cri, cid)
+            assert view.devices and view.annotation and not view.proc_gpus, view
+            assert half == [
+                'container "cut" in pod "default/cut" runs half equipped: it has its GPUs\' devices and driver '
+                "files but not its start work (no /proc/driver view, library links or ld.so cache): nri-gpu "
+                "stopped, or the runtime dropped it, while it was starting; delete it and create it again"
+            ], half
+        else:
+            assert half == [], half
+        assert_fully_equipped(view_of(cri, whole), node, "1", "whole")
+    print(f"\n[{testbed.version}] StartContainer answered after {took:.2f} s: {outcome}")
 
 
 # -- 4. 1000 containers in a row: RSS and fds stay flat ------------------------------------

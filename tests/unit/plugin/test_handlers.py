@@ -144,20 +144,31 @@ def test_start_after_a_plugin_restart_uses_the_recorded_gpus(node: SimNode) -> N
     assert [w.visible_bus_ids for w in calls] == [(node.gpus[2].bus_id,)]
 
 
-def test_synchronize_names_running_gpu_containers_that_missed_us(
+def test_synchronize_names_running_gpu_containers_that_missed_us_or_our_start(
     node: SimNode, caplog: pytest.LogCaptureFixture
 ) -> None:
     from plugin._proto import nri_pb2 as api
 
     p = pod("train", "ml", annotations={"nvidia.com/gpus": "0"})
     missed, equipped, plain, waiting = container("missed"), container("equipped"), container("plain"), container("new")
-    for c in (missed, equipped, plain):
+    half, whole, gone, nothing = container("half"), container("whole"), container("gone"), container("nothing")
+    for c in (missed, equipped, plain, half, whole, gone, nothing):
         c.state = api.CONTAINER_RUNNING
         c.pod_sandbox_id = p.id
     waiting.pod_sandbox_id = p.id  # created, not started: its StartContainer will be refused
-    equipped.annotations["nri-gpu.io/gpus"] = node.gpus[0].uuid
+    for c in (equipped, half, whole, gone):
+        c.annotations["nri-gpu.io/gpus"] = node.gpus[0].uuid
+    nothing.annotations["nri-gpu.io/gpus"] = "none"  # NVIDIA_VISIBLE_DEVICES=none: no view to expect
+    # equipped: pid 0 (the runtime did not say): nothing to check.
+    half.pid, whole.pid, gone.pid, nothing.pid = 101, 102, 103, 104
+    shows_view = {101: False, 102: True, 103: None, 104: False}
     web = pod("web", "default")
     plain.pod_sandbox_id = web.id
+    checked: list[int] = []
+
+    def view_check(pid: int) -> bool | None:
+        checked.append(pid)
+        return shows_view[pid]
 
     async def body(rt: FakeRuntime, stub: Stub) -> None:
         pass
@@ -165,14 +176,18 @@ def test_synchronize_names_running_gpu_containers_that_missed_us(
     with caplog.at_level("WARNING", logger="plugin.handlers"):
         asyncio.run(
             connected(
-                gpu_plugin(node, lambda *a, **k: None),
+                gpu_plugin(node, lambda *a, **k: None, view_check=view_check),
                 body,
                 pods=[p, web],
-                containers=[missed, equipped, plain, waiting],
+                containers=[missed, equipped, plain, waiting, half, whole, gone, nothing],
             )
         )
     warned = [r.getMessage() for r in caplog.records if r.name == "plugin.handlers"]
     assert warned == [
         'container "missed" in pod "ml/train" runs without its GPUs: it asked for GPUs but was created and '
-        "started while nri-gpu was not connected; delete it and create it again"
+        "started while nri-gpu was not connected; delete it and create it again",
+        'container "half" in pod "ml/train" runs half equipped: it has its GPUs\' devices and driver files but '
+        "not its start work (no /proc/driver view, library links or ld.so cache): nri-gpu stopped, or the runtime "
+        "dropped it, while it was starting; delete it and create it again",
     ]
+    assert sorted(checked) == [101, 102, 103]
