@@ -75,4 +75,5 @@ def test_tiny_run_on_one_containerd(tmp_path: Path) -> None:
     assert run["churn"]["points"][-1]["containers"] == 10
     assert {t["target"].split(" ")[0] for t in results["targets"]} >= {"asks-for-nothing", "planning", "RSS"}
     assert [e["when"] for e in results["load"]] == ["at the start", "after containerd 2.1.9", "at the end"]
-    assert "nri-gpu-8gpu: plan" in render(results) and "Load average (1 min)" in render(results)
+    text = render(results)
+    assert "nri-gpu-8gpu: plan" in text and "Load average (1 min)" in text and "p50 by round" in text

@@ -84,10 +84,11 @@ def _log(message: str) -> None:
 
 
 def _note_load(results: dict[str, Any], when: str) -> None:
-    """Record the load average: latency tails mean little on a machine busy with other work."""
+    """Record the load average: latency tails mean little on a machine busy with other work.
+    Only the first reading tells of other work; later ones include the benchmark's own."""
     one, five, fifteen = os.getloadavg()
     results["load"].append({"when": when, "1m": round(one, 2), "5m": round(five, 2), "15m": round(fifteen, 2)})
-    if one > (os.cpu_count() or 1) / 2:
+    if not results["load"][:-1] and one > (os.cpu_count() or 1) / 2:
         _log(f"warning: load average {one:.2f} on {os.cpu_count()} CPUs {when}: other work will inflate the tails")
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from .logparse import PluginLog
 from .session import NEAR_DEADLINE_MS, VARIANTS, BurstResult, ChurnResult, Sample
-from .stats import grows, summarize
+from .stats import grows, percentile, summarize
 
 __all__ = ["CREATE_STEPS", "START_STEPS", "Target", "churn_dict", "evaluate", "handler_dict", "latency_dict", "render"]
 
@@ -190,6 +190,19 @@ def _latency_lines(result: dict[str, Any]) -> list[str]:
                   rows)
 
 
+def _round_lines(result: dict[str, Any]) -> list[str]:
+    """p50 of create+start per variant and round: drift over the run shows here, not in the totals."""
+    by: dict[tuple[str, int], list[float]] = {}
+    for s in result.get("samples", []):
+        by.setdefault((s["variant"], s["round"]), []).append(s["create_ms"] + s["start_ms"])
+    rounds = sorted({r for _, r in by})
+    rows = []
+    for v in VARIANTS:
+        if any((v.name, r) in by for r in rounds):
+            rows.append([v.label, *(percentile(by[v.name, r], 50) if (v.name, r) in by else None for r in rounds)])
+    return _table(["variant", *(f"round {r + 1}" for r in rounds)], rows)
+
+
 def _handler_lines(result: dict[str, Any]) -> list[str]:
     rows = []
     for variant, steps in result.get("handler", {}).items():
@@ -207,6 +220,9 @@ def render(results: dict[str, Any]) -> str:
                 f"CRI CreateContainer + StartContainer of one container in an already running pod, ms "
                 f"({opts['pods']} pods per variant, interleaved):", ""]
         out += [*_latency_lines(result), ""]
+        if result.get("samples"):
+            out += ["The same, p50 by round (each round: every variant's pods, interleaved):", "",
+                    *_round_lines(result), ""]
         if result.get("handler"):
             out += ["Time inside nri-gpu's handlers, by step:", "", *_handler_lines(result), ""]
         if burst := result.get("burst"):
@@ -231,10 +247,10 @@ def render(results: dict[str, Any]) -> str:
         out += [*_table(["step", "n", "p50", "p95", "p99", "max"], rows), ""]
     if load := results.get("load"):
         cpus = results.get("machine", {}).get("cpus") or 1
-        peak = max(entry["1m"] for entry in load)
         points = ", ".join(f"{entry['1m']:.2f} {entry['when']}" for entry in load)
-        verdict = "quiet" if peak <= cpus / 2 else "BUSY with other work: tails (p95, p99, max) are inflated"
-        out += [f"Load average (1 min) on {cpus} CPUs: {points}; the machine was {verdict}.", ""]
+        verdict = "quiet" if load[0]["1m"] <= cpus / 2 else "BUSY with other work: tails (p95, p99, max) are inflated"
+        out += [f"Load average (1 min) on {cpus} CPUs: {points} (after the start, the benchmark's own load); "
+                f"before the run the machine was {verdict}.", ""]
     out += ["## Targets", ""]
     rows = [[t["runtime"], t["target"], f"{t['value']:.2f} {t['unit']}", f"{t['limit']:g} {t['unit']}",
              "met" if t["met"] else "MISSED"] for t in results["targets"]]
