@@ -203,7 +203,7 @@ def parse_params(text: str) -> dict[str, str]:
     Raises ``DiscoveryError`` naming a non-blank line without ``Key: value``.
     """
     params: dict[str, str] = {}
-    for line in text.splitlines():
+    for line in _kernel_lines(text):
         if not line.strip():
             continue
         key, colon, value = line.partition(":")
@@ -211,6 +211,21 @@ def parse_params(text: str) -> dict[str, str]:
             raise DiscoveryError(f"/proc/driver/nvidia/params: malformed line {line!r}, expected 'Key: value'")
         params.setdefault(key.strip(), value.strip())
     return params
+
+
+def _kernel_lines(text: str, *, keepends: bool = False) -> list[str]:
+    """Lines as the kernel ends them, at "\\n" only. ``str.splitlines`` also breaks at
+    U+2028, form feeds and the like, which would cut a key from its value
+    (``ModifyDeviceFiles:\\u2028 1``): rewritten, such a line came out different
+    every time it went through again (found by the long fuzz run).
+
+    >>> _kernel_lines("a: 1\\u2028 2\\nb: 3\\n", keepends=True)
+    ['a: 1\\u2028 2\\n', 'b: 3\\n']
+    """
+    lines = text.split("\n")
+    if keepends:
+        lines = [line + "\n" for line in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+    return lines
 
 
 def params_with_device_modification_disabled(text: str) -> str:
@@ -226,7 +241,7 @@ def params_with_device_modification_disabled(text: str) -> str:
     """
     out: list[str] = []
     found = False
-    for line in text.splitlines(keepends=True):
+    for line in _kernel_lines(text, keepends=True):
         body = line.rstrip("\r\n")
         key, colon, value = body.partition(":")
         if colon and key.strip() == _MODIFY:
