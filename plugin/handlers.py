@@ -241,16 +241,13 @@ class GpuPlugin:
             if given is None:
                 self._name_if_unequipped(pod, container)
             elif given != "none" and container.pid > 0 and self._view_check(container.pid) is False:
-                reason = (
+                _name_running(
+                    pod,
+                    container,
+                    "half_equipped",
+                    "half equipped",
                     "it has its GPUs' devices and driver files but not its start work (no /proc/driver view, "
-                    "library links or ld.so cache): nri-gpu stopped, or the runtime dropped it, while it was starting"
-                )
-                fields = _fields("Synchronize", pod, container, decision="half_equipped", reason=reason)
-                logger.warning(
-                    "%s runs half equipped: %s; delete it and create it again",
-                    describe(pod, container),
-                    reason,
-                    extra={"nri_gpu": fields},
+                    "library links or ld.so cache): nri-gpu stopped, or the runtime dropped it, while it was starting",
                 )
 
     def _name_if_unequipped(self, pod: api.PodSandbox, container: api.Container) -> None:
@@ -259,17 +256,28 @@ class GpuPlugin:
         except EngineError:
             asked = True  # a request we would have refused: it runs without GPUs all the same
         if asked:
-            reason = "it asked for GPUs but was created and started while nri-gpu was not connected"
-            fields = _fields("Synchronize", pod, container, decision="unequipped", reason=reason)
-            logger.warning(
-                "%s runs without its GPUs: %s; delete it and create it again",
-                describe(pod, container),
-                reason,
-                extra={"nri_gpu": fields},
+            _name_running(
+                pod,
+                container,
+                "unequipped",
+                "without its GPUs",
+                "it asked for GPUs but was created and started while nri-gpu was not connected",
             )
 
     async def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         self._pending.pop(container.id, None)
+
+
+def _name_running(pod: api.PodSandbox, container: api.Container, decision: str, state: str, reason: str) -> None:
+    """One loud line for a running container that Synchronize found short of our work."""
+    fields = _fields("Synchronize", pod, container, decision=decision, reason=reason)
+    logger.warning(
+        "%s runs %s: %s; delete it and create it again",
+        describe(pod, container),
+        state,
+        reason,
+        extra={"nri_gpu": fields},
+    )
 
 
 def _fields(event: str, pod: api.PodSandbox, container: api.Container, **more: Any) -> dict[str, Any]:
