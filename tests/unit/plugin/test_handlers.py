@@ -191,3 +191,17 @@ def test_synchronize_names_running_gpu_containers_that_missed_us_or_our_start(
         "dropped it, while it was starting; delete it and create it again",
     ]
     assert sorted(checked) == [101, 102, 103]
+
+
+def test_a_plan_is_forgotten_when_its_container_is_removed_unstarted(node: SimNode) -> None:
+    calls: list[StartWork] = []
+    plugin = gpu_plugin(node, _recording_starter(calls))
+
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
+        p, c = pod("train", "ml", annotations={"nvidia.com/gpus": "0"}), container("main")
+        await rt.create_container(p, c)
+        assert list(plugin._pending) == [c.id]
+        await rt.state_change(Event.REMOVE_CONTAINER, p, c)
+
+    asyncio.run(connected(plugin, body))
+    assert plugin._pending == {} and calls == []  # nothing kept for a container that will never start
