@@ -72,7 +72,8 @@ def hook_command(executable: str, config: EngineConfig, capabilities: frozenset[
         args += [flag, config.to_host_path(value)]
     # Not translated: the ldconfig setting names the binary that runs ours, which
     # is the host's only when we run on the host (``cdi generate --ldconfig``).
-    args += ["--ldconfig", config.ldconfig, "--capabilities", ",".join(sorted(c.value for c in capabilities))]
+    args += ["--ld-cache", config.ld_cache, "--ldconfig", config.ldconfig]
+    args += ["--capabilities", ",".join(sorted(c.value for c in capabilities))]
     return HookCommand(executable, tuple(args))
 
 

@@ -158,7 +158,9 @@ def _libraries(driver: Root, version: str, warnings: list[str]) -> tuple[Library
         # The cache may also list a development link (libcuda.so); keep the SONAME entry.
         if caps is None or stem is None or entry.name == f"{stem}.so" or not driver.is_file(real):
             continue
-        found.setdefault((entry.name, entry.is_64bit), Library(entry.name, real, caps, entry.is_64bit))
+        found.setdefault(
+            (entry.name, entry.is_64bit), Library(entry.name, real, caps, entry.is_64bit, entry.flags, entry.osversion)
+        )
     if not found:
         warnings.append(f"no libraries of driver {version} in {driver.host_path('/etc/ld.so.cache')}")
     return tuple(sorted(found.values(), key=lambda lib: (not lib.is_64bit, lib.soname)))

@@ -108,7 +108,7 @@ def run_hook(
     node = inventory()
     plan = make_plan(gpu_request(bundle_config, node, capabilities), node, config)
     who = f"container {state.container_id}"
-    work = start_work(plan, who, config.proc_root)
+    work = start_work(plan, who, config.proc_root, config.ld_cache)
     try:
         return actions.perform_in_bundle(root, work, ldconfig_path=config.ldconfig, deadline=deadline)
     except actions.StepFailed as exc:

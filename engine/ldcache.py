@@ -15,7 +15,12 @@ and we read little-endian only):
       48  entries: int32 flags, uint32 key, uint32 value, uint32 osversion, uint64 hwcap
 
   ``key`` (the library name) and ``value`` (its path) are offsets from the
-  start of this header.
+  start of this header. The extension directory (glibc >= 2.33; at a file
+  offset, a multiple of 4): uint32 magic 0xeaa42174, uint32 count, then
+  ``count`` sections of uint32 tag, flags, offset (from the file's start),
+  size. Tag 1 lists the ``glibc-hwcaps`` subdirectory names as uint32 string
+  offsets; an entry whose ``hwcap`` has bit 62 set (alone among the high bits
+  above the ISA level) is in the subdirectory its low 32 bits index.
 * **old** (``ld.so-1.7.0``, libc5 and glibc 2.0/2.1): a 16-byte header (11
   magic bytes, a NUL, uint32 ``nlibs``), entries of 12 bytes (int32 flags,
   uint32 key, uint32 value), then the strings; offsets count from the end of
@@ -45,6 +50,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import accumulate, repeat
 from operator import getitem, le, sub
 from typing import cast
@@ -61,6 +67,14 @@ _OLD_ENTRY_WORDS = 3  # int32 flags, uint32 key, uint32 value: 12 bytes
 _NEW_HEADER = struct.Struct("<17s3sIIB3xI12x")  # magic, version, nlibs, len_strings, flags, extension_offset: 48
 _NEW_ENTRY_WORDS = 6  # int32 flags, uint32 key, uint32 value, uint32 osversion, uint64 hwcap: 24 bytes
 _NEW_ALIGN = 8  # alignof(struct cache_file_new): where the new part starts in a compat cache
+EXTENSION_MAGIC = 0xEAA42174
+EXTENSION_TAG_GENERATOR = 0
+EXTENSION_TAG_HWCAPS = 1
+HWCAP_EXTENSION = 1 << 62
+_ISA_LEVEL_BITS = 10
+_EXTENSION = struct.Struct("<II")  # magic, count
+_SECTION = struct.Struct("<IIII")  # tag, flags, offset, size
+_MAX_HWCAPS = 64  # glibc knows four x86-64 levels and a handful elsewhere
 
 _ENDIAN_MASK = 0x03
 _ENDIAN_UNSET, _ENDIAN_INVALID, _ENDIAN_LITTLE, _ENDIAN_BIG = 0, 1, 2, 3
@@ -86,8 +100,29 @@ def is_64bit_flags(flags: int) -> bool:
     return (flags & FLAG_REQUIRED_MASK) in _LIB64_ABIS
 
 
+@dataclass(frozen=True)
+class LdCache:
+    """A whole cache: its entries in file order and the ``glibc-hwcaps``
+    subdirectory names its extension entries index (empty when it has none)."""
+
+    entries: tuple[LdCacheEntry, ...]
+    hwcaps: tuple[str, ...] = ()
+
+
+def is_hwcaps_entry(entry: LdCacheEntry) -> bool:
+    """Whether ``entry`` lives in a ``glibc-hwcaps`` subdirectory (glibc's
+    ``dl_cache_hwcap_extension``): bit 62 alone above the ISA level bits."""
+    return (entry.hwcap >> 32) & ~((1 << _ISA_LEVEL_BITS) - 1) == HWCAP_EXTENSION >> 32
+
+
 def parse_ld_so_cache(data: bytes) -> tuple[LdCacheEntry, ...]:
-    """Every entry of an ld.so.cache, in file order (ldconfig sorts them).
+    """Every entry of an ld.so.cache, in file order: ``read_ld_so_cache(data).entries``."""
+    return read_ld_so_cache(data).entries
+
+
+def read_ld_so_cache(data: bytes) -> LdCache:
+    """Every entry of an ld.so.cache, in file order (ldconfig sorts them), and the
+    ``glibc-hwcaps`` names of its extension section.
 
     Sample input, the start of a new-format cache (``xxd /etc/ld.so.cache``)::
 
@@ -117,7 +152,7 @@ def parse_ld_so_cache(data: bytes) -> tuple[LdCacheEntry, ...]:
     raise DiscoveryError(f"not an ld.so.cache: starts with {data[:20]!r}, expected {NEW_MAGIC!r} or {OLD_MAGIC!r}")
 
 
-def _parse_old_or_compat(data: bytes) -> tuple[LdCacheEntry, ...]:
+def _parse_old_or_compat(data: bytes) -> LdCache:
     if len(data) < _OLD_HEADER.size:
         raise DiscoveryError(
             f"truncated ld.so.cache: the old-format header needs {_OLD_HEADER.size} bytes, the file has {len(data)}"
@@ -132,16 +167,17 @@ def _parse_old_or_compat(data: bytes) -> tuple[LdCacheEntry, ...]:
     flags = _column(block, "i", 0, _OLD_ENTRY_WORDS)
     keys = _column(block, "I", 1, _OLD_ENTRY_WORDS)
     values = _column(block, "I", 2, _OLD_ENTRY_WORDS)
-    return _entries(data, entries_end, entries_end, len(data), flags, keys, values, [0] * nlibs)
+    zeros = [0] * nlibs
+    return LdCache(_entries(data, entries_end, entries_end, len(data), flags, keys, values, zeros, zeros))
 
 
-def _parse_new(data: bytes, base: int) -> tuple[LdCacheEntry, ...]:
+def _parse_new(data: bytes, base: int) -> LdCache:
     if len(data) - base < _NEW_HEADER.size:
         raise DiscoveryError(
             f"truncated ld.so.cache: the new-format header at offset {base} needs {_NEW_HEADER.size} bytes, "
             f"{len(data) - base} are left"
         )
-    _, version, nlibs, len_strings, flags, _extension = _NEW_HEADER.unpack_from(data, base)
+    _, version, nlibs, len_strings, flags, extension = _NEW_HEADER.unpack_from(data, base)
     if version != NEW_VERSION:
         raise DiscoveryError(
             f"unsupported ld.so.cache version {version!r} at offset {base + 17}, expected {NEW_VERSION!r}"
@@ -165,8 +201,36 @@ def _parse_new(data: bytes, base: int) -> tuple[LdCacheEntry, ...]:
     flags = _column(block, "i", 0, _NEW_ENTRY_WORDS)
     keys = _column(block, "I", 1, _NEW_ENTRY_WORDS)
     values = _column(block, "I", 2, _NEW_ENTRY_WORDS)
+    osversions = _column(block, "I", 3, _NEW_ENTRY_WORDS)
     hwcaps = _column(block, "Q", 2, _NEW_ENTRY_WORDS // 2)
-    return _entries(data, base, entries_end, strings_end, flags, keys, values, hwcaps)
+    entries = _entries(data, base, entries_end, strings_end, flags, keys, values, hwcaps, osversions)
+    return LdCache(entries, _hwcaps_names(data, base, extension) if extension else ())
+
+
+def _hwcaps_names(data: bytes, base: int, offset: int) -> tuple[str, ...]:
+    """The ``glibc-hwcaps`` subdirectory names of the extension directory at file
+    offset ``offset``; string offsets count from ``base``. Checked as glibc's
+    ``cache_extension_load`` checks it; anything malformed gives no names, as the
+    loader then goes on without them (the entries are still read)."""
+    if offset % 4 or offset + _EXTENSION.size > len(data):
+        return ()
+    magic, count = _EXTENSION.unpack_from(data, offset)
+    if magic != EXTENSION_MAGIC or offset + _EXTENSION.size + count * _SECTION.size > len(data):
+        return ()
+    names: tuple[str, ...] = ()
+    for i in range(count):
+        tag, _flags, start, size = _SECTION.unpack_from(data, offset + _EXTENSION.size + i * _SECTION.size)
+        if start + size > len(data):
+            return ()
+        if tag != EXTENSION_TAG_HWCAPS or size == 0 or start % 4 or size % 4 or size // 4 > _MAX_HWCAPS:
+            continue  # glibc ignores an unknown tag and drops a malformed hwcaps section
+        table = _column(data[start : start + size], "I", 0, 1)
+        try:
+            found = _strings_one_by_one(data[base:], 0, base, table, (), _DECODE_FACTOR * len(data) + 65536)
+        except DiscoveryError:
+            return ()
+        names = tuple(found[o] for o in table)
+    return names
 
 
 def _entries_end(data: bytes, kind: str, field: int, start: int, nlibs: int, size: int) -> int:
@@ -200,6 +264,7 @@ def _entries(
     keys: Sequence[int],
     values: Sequence[int],
     hwcaps: Sequence[int],
+    osversions: Sequence[int],
 ) -> tuple[LdCacheEntry, ...]:
     """Entries from the unpacked columns; string offsets count from ``base``, strings lie in [start, end)."""
     table = data[start:end]
@@ -209,7 +274,7 @@ def _entries(
         seen = _strings_one_by_one(table, start - base, base, keys, values, budget)
         strings = list(map(seen.__getitem__, keys)), list(map(seen.__getitem__, values))
     lib64 = [(f & FLAG_REQUIRED_MASK) in _LIB64_ABIS for f in flags]
-    return tuple(map(LdCacheEntry, *strings, flags, lib64, hwcaps))
+    return tuple(map(LdCacheEntry, *strings, flags, lib64, hwcaps, osversions))
 
 
 def _strings_in_bulk(

@@ -54,6 +54,7 @@ class LdCacheEntry:
     flags: int  # raw glibc flags word
     is_64bit: bool  # x86-64 (or another 64-bit ABI) vs 32-bit (i386)
     hwcap: int = 0
+    osversion: int = 0  # the minimum kernel from the library's ABI note ("OS ABI: Linux 3.2.0"), 0 if none
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,10 @@ class Library:
     path: str  # node path of the real file: "/usr/lib/x86_64-linux-gnu/libcuda.so.550.163.01"
     capabilities: frozenset[Capability]
     is_64bit: bool = True
+    # The node cache entry's flags word and ABI note, given to the container's cache
+    # as they are (the loader takes only entries of its own ABI). 0: made by hand.
+    cache_flags: int = 0
+    osversion: int = 0
 
     @property
     def folder(self) -> str:
@@ -167,6 +172,7 @@ class Plan:
     visible_bus_ids: tuple[str, ...] = ()  # what stays under /proc/driver/nvidia/gpus
     symlinks: tuple[Symlink, ...] = ()
     ldconfig_folders: tuple[str, ...] = ()
+    ld_cache_entries: tuple[LdCacheEntry, ...] = ()  # what the container's ld.so.cache gains
     notes: tuple[str, ...] = field(default=())  # decisions worth a log line (capabilities capped, ...)
 
     @property

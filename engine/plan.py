@@ -15,8 +15,10 @@ projection of the inventory through the requested capabilities:
   ``NVIDIA_DRIVER_CAPABILITIES`` as granted;
 * container-start work: the bus ids that stay visible under
   ``/proc/driver/nvidia/gpus``, the library symlinks (``libcuda.so.1`` ->
-  ``libcuda.so.<ver>``, ``libcuda.so`` -> ``libcuda.so.1``), and the folders for
-  the ld.so.conf.d entry.
+  ``libcuda.so.<ver>``, ``libcuda.so`` -> ``libcuda.so.1``), the folders for
+  the ld.so.conf.d entry, and the entries the container's ld.so.cache gains
+  (the node cache's name, flags and ABI note of each library, at the path of
+  its SONAME link in the container).
 
 The same inputs always give the same plan, in the same order.
 """
@@ -35,6 +37,7 @@ from engine.model import (
     FileKind,
     Gpu,
     Inventory,
+    LdCacheEntry,
     Library,
     Mount,
     Plan,
@@ -79,6 +82,7 @@ def plan(request: GpuRequest, inventory: Inventory, config: EngineConfig) -> Pla
         visible_bus_ids=tuple(sorted(g.bus_id for g in gpus)),
         symlinks=_symlinks(libraries),
         ldconfig_folders=tuple(sorted({lib.folder for lib in libraries})),
+        ld_cache_entries=_ld_cache_entries(libraries),
         notes=tuple(notes),
     )
 
@@ -117,6 +121,21 @@ def _mounts(libraries: tuple[Library, ...], files: tuple[DriverFile, ...], confi
         mounts.setdefault(f.path, Mount(host(f.source), f.path, IPC_OPTIONS if f.kind is FileKind.IPC else RO_OPTIONS))
     # Parents before children, then by name: a stable order the runtime applies as is.
     return tuple(sorted(mounts.values(), key=lambda m: (m.destination.count("/"), m.destination)))
+
+
+def _ld_cache_entries(libraries: tuple[Library, ...]) -> tuple[LdCacheEntry, ...]:
+    """What ldconfig would list for the libraries in the container: each SONAME
+    and, as glibc's ldconfig keys a ``lib*.so`` link whose name begins its
+    target's SONAME under that name, each ``.so`` development link too."""
+    entries: dict[tuple[str, str], LdCacheEntry] = {}
+    for lib in libraries:
+        stem = catalogue.library_stem(lib.soname)
+        names = [lib.soname] if stem is None else [lib.soname, f"{stem}.so"]
+        for name in names:
+            path = posixpath.join(lib.folder, name)
+            entry = LdCacheEntry(name, path, lib.cache_flags, lib.is_64bit, 0, lib.osversion)
+            entries.setdefault((name, path), entry)
+    return tuple(entries.values())
 
 
 def _symlinks(libraries: tuple[Library, ...]) -> tuple[Symlink, ...]:

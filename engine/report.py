@@ -99,6 +99,10 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "visible_bus_ids": list(plan.visible_bus_ids),
             "symlinks": [{"path": s.path, "target": s.target} for s in plan.symlinks],
             "ldconfig_folders": list(plan.ldconfig_folders),
+            "ld_cache_entries": [
+                {"name": e.name, "path": e.path, "flags": e.flags, "osversion": e.osversion}
+                for e in plan.ld_cache_entries
+            ],
         },
         "notes": list(plan.notes),
     }
@@ -116,5 +120,6 @@ def plan_text(plan: Plan) -> str:
     lines.append(f"  keep /proc/driver/nvidia/gpus/: {' '.join(plan.visible_bus_ids) or '(none)'}")
     lines += [f"  link {s.path} -> {s.target}" for s in plan.symlinks]
     lines.append(f"  ld.so.conf.d folders: {' '.join(plan.ldconfig_folders) or '(none)'}")
+    lines.append(f"  ld.so.cache entries added: {len(plan.ld_cache_entries)}")
     lines += [f"note: {n}" for n in plan.notes]
     return "\n".join(lines) + "\n"

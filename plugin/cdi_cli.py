@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.cdi import cdi_spec, hook_command
-from engine.config import EngineConfig
+from engine.config import LD_CACHE_MODES, EngineConfig
 from engine.discover import discover
 from engine.errors import EngineError
 from engine.hook import run_hook
@@ -44,7 +44,8 @@ def add_commands(commands: Any, add_roots: Any) -> None:
         help="driver capabilities the spec gives, as NVIDIA_DRIVER_CAPABILITIES (default utility,compute)",
     )
     cdi.add_argument("--hook-path", metavar="PATH", help="absolute path of nri-gpu on the host (default: this nri-gpu)")
-    cdi.add_argument("--ldconfig", metavar="PATH", help="the host's static ldconfig the hook runs")
+    cdi.add_argument("--ldconfig", metavar="PATH", help="the host's static ldconfig the hook runs (--ld-cache rebuild)")
+    cdi.add_argument("--ld-cache", choices=LD_CACHE_MODES, help="how the hook updates the ld.so cache (default merge)")
     add_roots(cdi)
 
     hook = commands.add_parser("hook", help="OCI hooks run by the runtime (written into the CDI spec)")
@@ -53,6 +54,7 @@ def add_commands(commands: Any, add_roots: Any) -> None:
     )
     hook.add_argument("--capabilities", metavar="LIST", required=True, help="the capabilities the spec gives")
     hook.add_argument("--ldconfig", metavar="PATH", help="the host's static ldconfig (default /sbin/ldconfig)")
+    hook.add_argument("--ld-cache", choices=LD_CACHE_MODES, help="merge (default) or rebuild the ld.so cache")
     for flag in ("--driver-root", "--dev-root", "--proc-root"):
         hook.add_argument(flag, metavar="DIR")
 
@@ -69,9 +71,12 @@ def own_path(argv0: str) -> str | None:
     return shutil.which(_EXECUTABLE)
 
 
+def _ld_cache_flags(args: argparse.Namespace, engine: EngineConfig) -> EngineConfig:
+    return engine.with_roots(ldconfig=args.ldconfig, ld_cache=args.ld_cache)
+
+
 def generate(args: argparse.Namespace, engine: EngineConfig, argv0: str) -> int:
-    if args.ldconfig:
-        engine = engine.with_roots(ldconfig=args.ldconfig)
+    engine = _ld_cache_flags(args, engine)
     hook_path = args.hook_path or own_path(argv0)
     if hook_path is None:
         print("nri-gpu: cannot tell where nri-gpu is installed; pass --hook-path", file=sys.stderr)
@@ -116,8 +121,7 @@ def start_container(args: argparse.Namespace, engine: EngineConfig, stdin: Any) 
     # Discovery's notes (a missing optional file) are not the runtime's business:
     # only a failure, on stderr, which runc puts in the error it returns.
     logging.basicConfig(level=logging.ERROR)
-    if args.ldconfig:
-        engine = engine.with_roots(ldconfig=args.ldconfig)
+    engine = _ld_cache_flags(args, engine)
     try:
         caps = _capabilities(args.capabilities, engine)
         run_hook(stdin.buffer.read(), engine, caps, lambda: discover(engine, cuda_version=_no_cuda_probe))

@@ -162,7 +162,7 @@ class GpuPlugin:
             pid = container.pid or find_init_pid(container.linux.cgroups_path, container=who)
             await self._starter(
                 pid,
-                start_work(plan, who, self._config.proc_root),
+                start_work(plan, who, self._config.proc_root, self._config.ld_cache),
                 ldconfig=self._config.ldconfig,
                 on_report=lambda report: self._on_start_report(who, report.timings_ms, steps),
             )

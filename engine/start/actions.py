@@ -15,7 +15,9 @@ The steps:
    steps and read-only again afterwards, also on failure (the container's
    process has not started, so nobody sees the window);
 3. symlinks (``links``);
-4. ``ld.so.conf`` files, then ldconfig in its confined child (``ldconfig``,
+4. ``ld.so.conf`` files, then the ld.so cache: the driver's entries merged
+   into the image's own cache (``ldconfig.merge``, no process), or with
+   ``ld_cache = "rebuild"`` ldconfig in its confined child (``ldconfig``,
    ``confine``), skipped when nothing was written and the cache already lists
    the links.
 
@@ -131,7 +133,7 @@ def perform_in_bundle(
         root = RootDir(fd)
         _refuse_host_root(root, os.stat("/"), f"container root {rootfs} is the host's own root")
         host = _Host()
-        if work.ldconfig_folders:
+        if work.ldconfig_folders and work.ld_cache == "rebuild":
             with step("ldconfig"):
                 host.trusted = _trusted_here(root, rootfs, ldconfig_path)
         if work.proc_source is not None:
@@ -150,22 +152,26 @@ def _steps(root: RootDir, host: _Host, work: StartWork, step: _Steps, deadline: 
     """The steps proper, in the container's root (see the module doc)."""
     with step("procfs isolation"):
         procfs = procview.isolate(root, work.visible_bus_ids, host.proc_source)
-    ran = False
+    written = False
     if work.symlinks or work.ldconfig_folders:
         with _writable_root(root, step):
             with step("symlinks"):
                 links.create(root, work.symlinks)
-            if host.trusted is not None:
+            if work.ldconfig_folders:
                 with step("ld.so.conf"):
                     changed = ldconfig.write_conf(root, work.ldconfig_folders)
+            if work.ldconfig_folders and host.trusted is None:  # ld_cache "merge"
+                with step("ld.so.cache"):
+                    written = ldconfig.merge(root, work.ld_cache_entries)
+            elif host.trusted is not None:  # "rebuild": opened on the host for exactly that
                 with step("ldconfig"):
                     expected = ldconfig.expected_entries(work.symlinks, work.ldconfig_folders)
                     if changed or not ldconfig.cache_lists(root, expected):
                         # Its own line: the ldconfig process alone, fork to reap.
                         step.timings["ldconfig process"] = ldconfig.run(root, host.trusted, deadline)
-                        ran = True
+                        written = True
     step.timings["total"] = (time.perf_counter() - started) * 1000
-    return StartReport(timings_ms=step.timings, procfs=procfs, ldconfig_ran=ran)
+    return StartReport(timings_ms=step.timings, procfs=procfs, ld_cache_written=written)
 
 
 def _open_host(pid: int, work: StartWork, step: _Steps, ldconfig_path: str) -> tuple[int, _Host]:
@@ -182,7 +188,7 @@ def _open_host(pid: int, work: StartWork, step: _Steps, ldconfig_path: str) -> t
         if os.fstat(mntns).st_ino == os.stat("/proc/self/ns/mnt").st_ino:
             raise WorkError(f"process {pid} shares the plugin's mount namespace: not a container")
         host = _Host()
-        if work.ldconfig_folders:
+        if work.ldconfig_folders and work.ld_cache == "rebuild":
             with step("ldconfig"):
                 host.trusted = _trusted(proc, ldconfig_path)
         if work.proc_source is not None:

@@ -22,6 +22,13 @@ the container keeps them) and the cache is rebuilt. The CVEs that shaped how:
   covered, so ``/proc/1/root`` or ``/proc/1/fd/N`` lead nowhere.
 
 The driver libraries' own links are made by ``links`` before ldconfig runs.
+
+That is the ``rebuild`` mode. The default, ``merge``, runs no process at all:
+``merge`` reads the image's cache (through the root, like every file here),
+inserts the plan's entries where ldconfig would (``engine.ldcache_merge``) and
+installs the result the same way. An unreadable or garbled image cache counts
+as empty, as the loader ignores it too; the result then lists ours alone, and
+the image's libraries are found in the loader's default folders as before.
 """
 
 from __future__ import annotations
@@ -33,14 +40,16 @@ import stat
 import time
 
 from engine.errors import DiscoveryError
-from engine.ldcache import parse_ld_so_cache
-from engine.model import Symlink
+from engine.ldcache import LdCache, parse_ld_so_cache, read_ld_so_cache
+from engine.ldcache_merge import encode
+from engine.ldcache_merge import merge as merge_entries
+from engine.model import LdCacheEntry, Symlink
 from engine.start import confine, elf, syscalls
 from engine.start.confine import Trusted
 from engine.start.rootdir import RootDir, describe, read_regular, split, write_atomically
 from engine.start.work import WorkError
 
-__all__ = ["CONF", "Trusted", "cache_lists", "expected_entries", "open_trusted", "run", "write_conf"]
+__all__ = ["CONF", "Trusted", "cache_lists", "expected_entries", "merge", "open_trusted", "run", "write_conf"]
 
 CONF = "/etc/ld.so.conf.d/00-nri-gpu.conf"  # 00-: before the image's own files, as the toolkit's 00-nvcr
 MAIN_CONF = "/etc/ld.so.conf"
@@ -143,6 +152,26 @@ def cache_lists(root: RootDir, paths: frozenset[str]) -> bool:
         return paths <= {entry.path for entry in parse_ld_so_cache(data)}
     except (WorkError, DiscoveryError):
         return False  # unreadable or garbled: rebuild it
+
+
+def merge(root: RootDir, entries: tuple[LdCacheEntry, ...]) -> bool:
+    """Insert ``entries`` into the container's ``/etc/ld.so.cache``; False when
+    the cache already was exactly that (a second run). Raises ``WorkError``."""
+    try:
+        current = root.read_small(CACHE, _CACHE_LIMIT)
+    except WorkError:
+        current = None  # not a regular file, or too big: the loader cannot use it either
+    image = LdCache(())
+    if current is not None:
+        try:
+            image = read_ld_so_cache(current)
+        except DiscoveryError:
+            pass  # garbled: glibc ignores it, and so do we
+    data = encode(merge_entries(image, entries))
+    if data == current:
+        return False
+    _install(root, data)
+    return True
 
 
 def run(root: RootDir, trusted: Trusted, deadline: float) -> float:

@@ -240,7 +240,9 @@ def _outcome(work: StartWork, data: bytes, status: int | None, timed_out: bool, 
     if not result.get("ok"):
         raise StartError(work.container, str(result.get("step", last_step)), str(result.get("error", "failed")))
     timings = {str(k): float(v) for k, v in dict(result.get("timings", {})).items()}
-    return StartReport(timings_ms=timings, procfs=str(result.get("procfs")), ldconfig_ran=bool(result.get("ldconfig")))
+    return StartReport(
+        timings_ms=timings, procfs=str(result.get("procfs")), ld_cache_written=bool(result.get("ld_cache"))
+    )
 
 
 def _describe(status: int | None) -> str:
@@ -272,7 +274,10 @@ def _worker(out: int, pid: int, work: StartWork, ldconfig: str, deadline: float)
         report = actions.perform(
             pid, work, ldconfig_path=ldconfig, deadline=deadline - _REPORT_MARGIN, on_step=progress
         )
-        _emit(out, {"ok": True, "timings": report.timings_ms, "procfs": report.procfs, "ldconfig": report.ldconfig_ran})
+        _emit(
+            out,
+            {"ok": True, "timings": report.timings_ms, "procfs": report.procfs, "ld_cache": report.ld_cache_written},
+        )
     except actions.StepFailed as exc:
         _emit(out, {"ok": False, "step": exc.step, "error": str(exc)})
     except BaseException as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.model import Plan, Symlink
+from engine.model import LdCacheEntry, Plan, Symlink
 
 __all__ = ["PROC", "StartReport", "StartWork", "WorkError", "start_work"]
 
@@ -41,13 +41,21 @@ class StartWork:
     symlinks: tuple[Symlink, ...]
     ldconfig_folders: tuple[str, ...]
     proc_source: str | None = None
+    ld_cache_entries: tuple[LdCacheEntry, ...] = ()  # inserted into the image's cache ("merge")
+    ld_cache: str = "merge"  # or "rebuild": the trusted ldconfig rebuilds the cache
 
     def __post_init__(self) -> None:
+        if self.ld_cache not in ("merge", "rebuild"):
+            raise ValueError(f"ld_cache {self.ld_cache!r}: expected 'merge' or 'rebuild'")
         for bus in self.visible_bus_ids:
             # Used as one path component under gpus/: anything else is a bug upstream.
             if not bus or "/" in bus or bus in (".", "..") or "\0" in bus:
                 raise ValueError(f"bad bus id {bus!r}")
-        for path in (*(s.path for s in self.symlinks), *self.ldconfig_folders):
+        for path in (
+            *(s.path for s in self.symlinks),
+            *self.ldconfig_folders,
+            *(e.path for e in self.ld_cache_entries),
+        ):
             if not is_clean_absolute(path):
                 raise ValueError(f"{path!r} is not a clean absolute path")
         if self.proc_source is not None and not is_clean_absolute(self.proc_source):
@@ -62,8 +70,9 @@ def is_clean_absolute(path: str) -> bool:
     return path == "/" or all(p not in ("", ".", "..") for p in parts)
 
 
-def start_work(plan: Plan, container: str, proc_root: str) -> StartWork:
-    """The start-time part of ``plan``; ``proc_root`` is the engine's procfs root.
+def start_work(plan: Plan, container: str, proc_root: str, ld_cache: str = "merge") -> StartWork:
+    """The start-time part of ``plan``; ``proc_root`` is the engine's procfs root,
+    ``ld_cache`` the ``engine.ld_cache`` mode.
 
     >>> start_work(Plan(visible_bus_ids=("0000:07:00.0",)), 'container "c"', "/proc").proc_source is None
     True
@@ -77,6 +86,8 @@ def start_work(plan: Plan, container: str, proc_root: str) -> StartWork:
         symlinks=plan.symlinks,
         ldconfig_folders=plan.ldconfig_folders,
         proc_source=None if root == PROC else f"{root}/driver/nvidia",
+        ld_cache_entries=plan.ld_cache_entries,
+        ld_cache=ld_cache,
     )
 
 
@@ -87,11 +98,13 @@ class StartReport:
     ``timings_ms``: milliseconds per step as measured in the worker (fork and
     reap excluded): ``enter`` (includes the host-side part of the next steps,
     also counted under their own names), ``procfs isolation``, ``read-only
-    root``, ``symlinks``, ``ld.so.conf``, ``ldconfig`` (the check, and the run
-    if any), ``ldconfig process`` (the ldconfig process alone, fork to reap,
-    when it ran) and ``total``.
+    root``, ``symlinks``, ``ld.so.conf``, then ``ld.so.cache`` (the merge: read,
+    insert, write) or, rebuilding, ``ldconfig`` (the check, and the run if any)
+    and ``ldconfig process`` (the ldconfig process alone, fork to reap, when it
+    ran), and ``total``. ``ld_cache_written``: the container's ld.so.cache was
+    written (not already as wanted).
     """
 
     timings_ms: dict[str, float] = field(default_factory=dict)
     procfs: str = "skipped"  # "created", "kept" (an identical view was there) or "skipped" (nothing to hide)
-    ldconfig_ran: bool = False
+    ld_cache_written: bool = False

@@ -82,7 +82,7 @@ def test_hook_gets_host_paths_and_the_capabilities(tmp_path: Path) -> None:
     assert hook.args == (
         "/usr/local/bin/nri-gpu", "hook", "start-container",
         "--driver-root", "/run/nvidia/driver", "--dev-root", "/", "--proc-root", "/proc",
-        "--ldconfig", "/sbin/ldconfig", "--capabilities", "compute,utility",
+        "--ld-cache", "merge", "--ldconfig", "/sbin/ldconfig", "--capabilities", "compute,utility",
     )  # fmt: skip
     with pytest.raises(ValueError, match="absolute path, not 'nri-gpu'"):
         hook_command("nri-gpu", config, DEFAULT_CAPABILITIES)

@@ -48,12 +48,13 @@ def test_flags_override_the_file_and_the_runtime_env_overrides_both(tmp_path: Pa
 def test_engine_roots_and_policy_come_from_the_file_and_flags_win(tmp_path: Path) -> None:
     path = tmp_path / "config.toml"
     path.write_text(
-        '[engine]\ndriver_root = "/run/nvidia/driver"\nproc_root = "/host/proc"\n'
+        '[engine]\ndriver_root = "/run/nvidia/driver"\nproc_root = "/host/proc"\nld_cache = "rebuild"\n'
         '[policy]\naccept_env_unprivileged = false\nannotation_namespaces = ["ml"]\ncapabilities = ["compute", "utility"]\n'
     )
     args = build_parser().parse_args(["info", "--config", str(path), "--proc-root", "/sim/proc"])
     engine = load_config(args, {}).engine
     assert (engine.driver_root, engine.dev_root, engine.proc_root) == ("/run/nvidia/driver", "/", "/sim/proc")
+    assert engine.ld_cache == "rebuild"
     assert engine.policy.accept_env_unprivileged is False
     assert engine.policy.annotation_namespaces == ("ml",)
     assert sorted(c.value for c in engine.policy.capabilities) == ["compute", "utility"]
@@ -64,6 +65,8 @@ def test_engine_roots_and_policy_come_from_the_file_and_flags_win(tmp_path: Path
     [
         ('[engine]\ndriver_rot = "/x"', "engine.driver_rot: unknown setting"),
         ('[engine]\ndriver_root = "relative"', "engine.driver_root: 'relative' must be an absolute path"),
+        ('[engine]\nld_cache = "ldconfig"', "engine.ld_cache: 'ldconfig' is not one of 'merge', 'rebuild'"),
+        ("[engine]\nld_cache = 1", "engine.ld_cache: expected a string, got 1"),
         ("[policy]\nrequire_checks = 1", "policy.require_checks: expected true or false, got 1"),
         ('[policy]\ncapabilities = ["compute", "gpu"]', "policy.capabilities: unknown capability 'gpu'"),
         ('[policy]\nannotation_namespaces = "ml"', "policy.annotation_namespaces: expected a list"),

@@ -70,7 +70,7 @@ def test_decisions_are_structured_and_measured(node: SimNode, caplog: pytest.Log
     metrics = PluginMetrics()
 
     async def starter(pid: int, work: StartWork, *, ldconfig: str, on_report: Any) -> None:
-        on_report(StartReport(timings_ms={"procfs isolation": 1.5, "total": 3.0}, procfs="", ldconfig_ran=False))
+        on_report(StartReport(timings_ms={"procfs isolation": 1.5, "total": 3.0}, procfs="", ld_cache_written=False))
 
     async def body(rt: FakeRuntime, stub: Stub) -> None:
         p, c = pod("train", "ml", annotations={"nvidia.com/gpus": "1"}), container("main")

@@ -16,9 +16,9 @@ WORK = StartWork('container "c" in pod "ns/p"', (), (), ())
 
 
 def test_a_success_line_becomes_a_report() -> None:
-    data = b'{"step": "enter"}\n{"ok": true, "timings": {"total": 3.5}, "procfs": "created", "ldconfig": true}\n'
+    data = b'{"step": "enter"}\n{"ok": true, "timings": {"total": 3.5}, "procfs": "created", "ld_cache": true}\n'
     report = runner._outcome(WORK, data, 0, False, 1.5)
-    assert (report.timings_ms, report.procfs, report.ldconfig_ran) == ({"total": 3.5}, "created", True)
+    assert (report.timings_ms, report.procfs, report.ld_cache_written) == ({"total": 3.5}, "created", True)
 
 
 def test_a_failure_line_names_container_and_step() -> None:
