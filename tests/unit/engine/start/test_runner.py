@@ -63,3 +63,28 @@ def test_the_worker_refuses_imports_once_detached() -> None:
     assert os.read(read_end, 100) == b"refused"
     os.waitpid(child, 0)
     os.close(read_end)
+
+
+@pytest.mark.parametrize(
+    ("data", "complete"),
+    [
+        (b"", False),
+        (b'{"step": "enter"}\n', False),
+        (b'{"step": "enter"}\n{"ok": true, "timings": {}', False),  # the result line is not whole yet
+        (b'{"step": "enter"}\n{"ok": true, "timings": {}}\n', True),
+        (b'{"ok": false, "step": "internal", "error": "x\\n{\\"ok\\": "}\n', True),
+        (b'{"step": "x{\\"ok\\": true}"}\n', False),  # escaped inside a step name: not a result
+    ],
+)
+def test_the_result_line_is_recognised_as_soon_as_it_is_whole(data: bytes, complete: bool) -> None:
+    assert runner._has_result(bytearray(data)) is complete
+
+
+def test_a_request_is_read_whole_and_eof_ends_a_spare() -> None:
+    read, write = os.pipe()
+    os.write(write, (5).to_bytes(4, "big") + b"hello")
+    assert runner._read_request(read) == b"hello"
+    os.write(write, (9).to_bytes(4, "big") + b"cut")
+    os.close(write)
+    assert runner._read_request(read) is None
+    os.close(read)
