@@ -5,8 +5,8 @@ Latency (``RuntimeBench.latency``): for each variant, ``pods`` pods are run
 the time of CreateContainer and of StartContainer is taken at the CRI client,
 which is what kubelet waits for and what NRI plugins add to. The variants that
 need a plugin process share it (the three nri-gpu ones), so the work is done in
-rounds: in each round the three plugin set-ups (none, the do-nothing plugin,
-nri-gpu) come in a random order, and within one set-up its variants' pods are
+rounds: in each round the four plugin set-ups (none, the do-nothing plugin,
+nri-gpu, nri-gpu with ``ld_cache = "rebuild"``) come in a random order, and within one set-up its variants' pods are
 shuffled. Each set-up starts with one unrecorded pod per variant (connection
 warm-up), and the whole run with a few unrecorded pods without any plugin
 (image unpack, first shim). Drift of the machine therefore falls on every
@@ -54,6 +54,7 @@ from .logparse import PluginLog, parse_log
 __all__ = [
     "DEADLINE_MS",
     "NEAR_DEADLINE_MS",
+    "PLUGIN_KINDS",
     "VARIANTS",
     "BurstResult",
     "ChurnResult",
@@ -90,7 +91,10 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("nri-gpu-none", "nri-gpu, pod asks for nothing", "nri-gpu"),
     Variant("nri-gpu-1gpu", "nri-gpu, 1 GPU", "nri-gpu", ((GPU_ANNOTATION, "0"),)),
     Variant("nri-gpu-8gpu", "nri-gpu, 8 GPUs", "nri-gpu", ((GPU_ANNOTATION, "0,1,2,3,4,5,6,7"),)),
+    # The same one-GPU pod with engine.ld_cache = "rebuild": the trusted ldconfig, as before the merge.
+    Variant("nri-gpu-rebuild-1gpu", "nri-gpu, 1 GPU, ld_cache rebuild", "nri-gpu-rebuild", ((GPU_ANNOTATION, "0"),)),
 )
+PLUGIN_KINDS: tuple[str | None, ...] = (None, "noop", "nri-gpu", "nri-gpu-rebuild")
 
 
 @dataclass(frozen=True)
@@ -216,9 +220,11 @@ class RuntimeBench:
         proc: NriGpuProcess
         if kind == "noop":
             proc = _NoopProcess(self.containerd.nri_socket, log)
-        elif kind == "nri-gpu":
+        elif kind in ("nri-gpu", "nri-gpu-rebuild"):
+            config = self.workdir / f"{kind}.toml"
+            config.write_text('[engine]\nld_cache = "rebuild"\n' if kind == "nri-gpu-rebuild" else "")
             proc = NriGpuProcess(self.containerd.nri_socket, log, *self.node.flags(), "--log-format", "json",
-                                 "--metrics-address", f"127.0.0.1:{_free_port()}")
+                                 "--metrics-address", f"127.0.0.1:{_free_port()}", "--config", str(config))
         else:
             raise ValueError(f"unknown plugin kind {kind!r}")
         proc.start()
@@ -226,7 +232,7 @@ class RuntimeBench:
             yield proc
         finally:
             code = proc.stop()
-            if kind == "nri-gpu":
+            if kind.startswith("nri-gpu"):
                 self._gpu_logs.append(proc.log())
             if code != 0:
                 raise RuntimeError(f"{kind} plugin exited with {code}:\n{proc.log()[-4000:]}")
@@ -293,7 +299,7 @@ class RuntimeBench:
         quotas = [pods // rounds + (1 if r < pods % rounds else 0) for r in range(rounds)]
         samples: list[Sample] = []
         for round_no, quota in enumerate(quotas):
-            kinds: list[str | None] = [None, "noop", "nri-gpu"]
+            kinds = list(PLUGIN_KINDS)
             self.rng.shuffle(kinds)
             for kind in kinds:
                 variants = [v for v in VARIANTS if v.plugin == kind]
