@@ -20,7 +20,7 @@ from engine.errors import EngineError, StartError
 from engine.model import Plan
 from engine.plan import plan as make_plan
 from engine.request import parse_request
-from engine.start.runner import StartRunner, find_init_pid, shows_driver_view
+from engine.start.runner import find_init_pid, run_start_async, shows_driver_view
 from engine.start.work import start_work
 from plugin._proto import nri_pb2 as api
 from plugin.adjustment import GPUS_ANNOTATION, to_adjustment
@@ -42,14 +42,13 @@ class GpuPlugin:
         config: EngineConfig,
         inventory: InventoryCache | None = None,
         *,
-        starter: Starter | None = None,
+        starter: Starter = run_start_async,
         view_check: ViewCheck = shows_driver_view,
         metrics: PluginMetrics | None = None,
     ) -> None:
         self._config = config
         self._inventory = inventory if inventory is not None else InventoryCache(config)
-        # The default keeps a start worker forked ahead of time (engine.start.runner).
-        self._starter: Starter = starter if starter is not None else StartRunner()
+        self._starter = starter
         self._view_check = view_check
         self._metrics = metrics
         if metrics is not None:
@@ -229,9 +228,6 @@ class GpuPlugin:
         files but not the start work: no /proc view, links or ld.so cache).
         Say so once, loudly, for each, so an operator can recreate it.
         """
-        prepare = getattr(self._starter, "prepare", None)
-        if prepare is not None:
-            prepare()  # the first GPU container's start finds its worker forked already
         by_id = {pod.id: pod for pod in pods}
         for container in containers:
             pod = by_id.get(container.pod_sandbox_id)

@@ -2,7 +2,7 @@
 
 ``start_work(plan, container, proc_root)`` takes what a plan leaves for start
 time; ``run_start(pid, work)`` / ``await run_start_async(pid, work)`` does it in a
-forked worker (``StartRunner`` keeps one forked ahead of time): the
+forked worker: the
 GPU-restricted ``/proc/driver/nvidia`` view, the library symlinks,
 ``/etc/ld.so.conf.d/00-nri-gpu.conf`` and the ld.so cache (the driver's entries
 merged into the image's, or rebuilt by the host's static ldconfig, confined).
@@ -12,7 +12,6 @@ Failures raise ``engine.errors.StartError``.
 from engine.start.runner import (
     DEFAULT_LDCONFIG,
     DEFAULT_TIMEOUT,
-    StartRunner,
     find_init_pid,
     run_start,
     run_start_async,
@@ -24,7 +23,6 @@ __all__ = [
     "DEFAULT_LDCONFIG",
     "DEFAULT_TIMEOUT",
     "StartReport",
-    "StartRunner",
     "StartWork",
     "find_init_pid",
     "run_start",

@@ -19,15 +19,13 @@ A worker that outlives the timeout is SIGKILLed (its ldconfig child follows
 through ``PR_SET_PDEATHSIG``) and reported with the last step it started.
 
 Off the request path: the caller returns as soon as the result line is in,
-and the worker's exit (tearing down a copy of a 30 MiB address space, about
-1.5 ms) is reaped in the background through a pidfd. ``StartRunner`` also
-forks the *next* worker ahead of time, after a start is done, so a request
-finds one waiting on a pipe for its work instead of paying the fork. That
-spare keeps nothing of the plugin's but its two pipes (every other descriptor,
-the NRI socket included, is closed in it), runs no Python collector (it would
-write to every shared page), and exits when the plugin closes its pipe or
-goes away. A worker serves one container and exits: nothing of one container
-can reach the next.
+and the worker's exit (tearing down its copy of a 30 MiB address space, about
+1.5 ms) is reaped in the background through a pidfd. The worker runs no
+Python collector: a collection writes to every object, copying every shared
+page. A worker forked *ahead* of time was tried and measured: as long as it
+waits it shares the plugin's pages, so the plugin's next CreateContainer pays
+the copy-on-write faults instead (0.17 -> 1.09 ms per call in-process), which
+ate most of what it saved at StartContainer.
 """
 
 from __future__ import annotations
@@ -38,13 +36,10 @@ import importlib.abc
 import importlib.machinery
 import json
 import os
-import pickle
-import resource
 import select
 import signal
 import sys
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, NoReturn
@@ -57,7 +52,6 @@ __all__ = [
     "DEFAULT_LDCONFIG",
     "DEFAULT_TIMEOUT",
     "Reporter",
-    "StartRunner",
     "find_init_pid",
     "run_start",
     "run_start_async",
@@ -122,80 +116,6 @@ async def run_start_async(
         on_report(report)
 
 
-class StartRunner:
-    """``run_start_async`` with a worker forked ahead of time (see the module doc).
-
-    Call it as ``await runner(pid, work, ldconfig=..., timeout=..., on_report=...)``.
-    One spare at a time: a call that finds none (the first, or one overlapping
-    another) forks its worker then, as ``run_start_async`` does. ``close()``
-    ends the spare; a runner is used from one event loop, in the process that
-    made it.
-    """
-
-    def __init__(self) -> None:
-        self._holder: list[_Spare | None] = [None]  # shared with the finalizer
-        self._closed = False
-        self.spares_used = 0  # how many calls a spare served (for tests and metrics)
-        # A runner dropped without close() (a plugin object in a test) lets its
-        # spare go: the closed pipe ends it, the next call reaps it.
-        weakref.finalize(self, _abandon, self._holder)
-
-    @property
-    def _spare(self) -> _Spare | None:
-        return self._holder[0]
-
-    @_spare.setter
-    def _spare(self, spare: _Spare | None) -> None:
-        self._holder[0] = spare
-
-    @property
-    def spare_pid(self) -> int | None:
-        """The waiting spare's pid, None when there is none."""
-        return None if self._spare is None else self._spare.pid
-
-    async def __call__(
-        self,
-        pid: int,
-        work: StartWork,
-        *,
-        ldconfig: str = DEFAULT_LDCONFIG,
-        timeout: float = DEFAULT_TIMEOUT,
-        on_report: Reporter | None = None,
-    ) -> None:
-        deadline = time.monotonic() + timeout
-        spare, self._spare = self._spare, None
-        handed = spare.hand(pid, work, ldconfig, deadline) if spare is not None else None
-        if handed is not None:
-            self.spares_used += 1
-        child, fd = handed or _spawn(pid, work, ldconfig, deadline)
-        try:
-            report = await _finish(child, fd, work, deadline, timeout)
-        finally:
-            if not self._closed:
-                asyncio.get_running_loop().call_soon(self.prepare)  # after this call's reply is on its way
-        if on_report is not None:
-            on_report(report)
-
-    def prepare(self) -> None:
-        """Fork the spare now if there is none (done after every call by itself)."""
-        if self._spare is None and not self._closed:
-            try:
-                self._spare = _Spare.fork()
-            except OSError:
-                pass  # out of processes or memory: the next call forks (and reports) on its own
-
-    def close(self) -> None:
-        """End the spare (it exits on the closed pipe) and reap it, and any worker
-        still exiting."""
-        self._closed = True
-        for child in list(_exiting):
-            _exiting.discard(child)
-            _reap(child, kill=False)
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            spare.close()
-
-
 def find_init_pid(cgroups_path: str, cgroup_root: str = "/sys/fs/cgroup", *, container: str = "") -> int:
     """The one process in the container's cgroup, for runtimes that report pid 0.
 
@@ -248,52 +168,6 @@ def _spawn(pid: int, work: StartWork, ldconfig: str, deadline: float) -> tuple[i
             os._exit(70)
     os.close(write_end)
     return child, read_end
-
-
-def _abandon(holder: list[_Spare | None]) -> None:
-    spare, holder[0] = holder[0], None
-    if spare is not None:
-        os.close(spare.requests)
-        os.close(spare.results)
-        _exiting.add(spare.pid)
-
-
-class _Spare:
-    """A worker forked ahead of time, waiting for its work on a pipe."""
-
-    def __init__(self, pid: int, requests: int, results: int) -> None:
-        self.pid, self.requests, self.results = pid, requests, results
-
-    @classmethod
-    def fork(cls) -> _Spare:
-        request_read, request_write = os.pipe2(os.O_CLOEXEC)
-        result_read, result_write = os.pipe2(os.O_CLOEXEC)
-        child = os.fork()
-        if child == 0:
-            try:
-                _spare_main(request_read, result_write)
-            finally:
-                os._exit(70)
-        os.close(request_read)
-        os.close(result_write)
-        return cls(child, request_write, result_read)
-
-    def hand(self, pid: int, work: StartWork, ldconfig: str, deadline: float) -> tuple[int, int] | None:
-        """Give the spare its work: (its pid, the result pipe); None if it is gone."""
-        message = pickle.dumps((pid, work, ldconfig, deadline))
-        try:
-            # Far below the pipe's 64 KiB: the write never waits for the reader.
-            os.write(self.requests, len(message).to_bytes(4, "big") + message)
-        except OSError:  # it died (killed by someone): fork another way
-            self.close()
-            return None
-        os.close(self.requests)
-        return self.pid, self.results
-
-    def close(self) -> None:
-        os.close(self.requests)
-        os.close(self.results)
-        _reap(self.pid, kill=True)  # it holds no work: nothing is lost
 
 
 async def _finish(child: int, fd: int, work: StartWork, deadline: float, timeout: float) -> StartReport:
@@ -461,43 +335,6 @@ def _worker(out: int, pid: int, work: StartWork, ldconfig: str, deadline: float)
         _emit(out, {"ok": False, "step": "internal", "error": f"{type(exc).__name__}: {exc}"})
         os._exit(0)
     _work(out, pid, work, ldconfig, deadline)
-
-
-def _spare_main(requests: int, out: int) -> NoReturn:
-    """A spare: wait for one piece of work, do it, exit. EOF: the plugin is gone."""
-    try:
-        _detach_from_caller()
-        _close_fds_except(requests, out)
-        message = _read_request(requests)
-        if message is None:
-            os._exit(0)
-        pid, work, ldconfig, deadline = pickle.loads(message)
-        os.close(requests)
-    except BaseException as exc:
-        _emit(out, {"ok": False, "step": "internal", "error": f"{type(exc).__name__}: {exc}"})
-        os._exit(0)
-    _work(out, pid, work, ldconfig, deadline)
-
-
-def _read_request(fd: int) -> bytes | None:
-    """One length-prefixed message; None on EOF before a whole one."""
-    data = b""
-    while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:4], "big"):
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return None
-        data += chunk
-    return data[4:]
-
-
-def _close_fds_except(*keep: int) -> None:
-    # The plugin's sockets (the runtime's NRI connection, the metrics listener)
-    # must not stay open in a process that outlives the moment of the fork.
-    low = 3
-    for fd in sorted(keep):
-        os.closerange(low, fd)
-        low = fd + 1
-    os.closerange(low, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
 
 
 def _work(out: int, pid: int, work: StartWork, ldconfig: str, deadline: float) -> NoReturn:

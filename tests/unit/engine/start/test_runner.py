@@ -78,13 +78,3 @@ def test_the_worker_refuses_imports_once_detached() -> None:
 )
 def test_the_result_line_is_recognised_as_soon_as_it_is_whole(data: bytes, complete: bool) -> None:
     assert runner._has_result(bytearray(data)) is complete
-
-
-def test_a_request_is_read_whole_and_eof_ends_a_spare() -> None:
-    read, write = os.pipe()
-    os.write(write, (5).to_bytes(4, "big") + b"hello")
-    assert runner._read_request(read) == b"hello"
-    os.write(write, (9).to_bytes(4, "big") + b"cut")
-    os.close(write)
-    assert runner._read_request(read) is None
-    os.close(read)
