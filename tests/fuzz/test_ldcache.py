@@ -1,4 +1,4 @@
-"""Fuzzing the ld.so.cache reader (``engine.ldcache``).
+"""Fuzzing the ld.so.cache reader (``engine.ldcache``) and the merge (``engine.ldcache_merge``).
 
 The cache is read from inside a container image, so it is hostile. Any bytes,
 and caches in all three layouts with counts, offsets and lengths overwritten,
@@ -14,7 +14,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from engine.errors import DiscoveryError
-from engine.ldcache import NEW_MAGIC, NEW_VERSION, OLD_MAGIC, parse_ld_so_cache
+from engine.ldcache import NEW_MAGIC, NEW_VERSION, OLD_MAGIC, parse_ld_so_cache, read_ld_so_cache
+from engine.ldcache_merge import encode, merge
+from engine.model import LdCacheEntry
 from tests.fuzz.support import fuzz, mutated, typed
 
 Spec = tuple[int, bytes, bytes]  # flags, name, path
@@ -98,3 +100,24 @@ def test_valid_caches_read_back(specs: list[Spec], layout: str) -> None:
     got = parse_ld_so_cache(data)
     wanted = [(n.decode(errors="surrogateescape"), (d + n).decode(errors="surrogateescape"), f) for f, n, d in specs]
     assert [(e.name, e.path, e.flags) for e in got] == wanted
+
+
+OURS = [
+    LdCacheEntry("libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", 0x0303, True),
+    LdCacheEntry("libcuda.so", "/usr/lib/x86_64-linux-gnu/libcuda.so", 0x0303, True),
+    LdCacheEntry("libcuda.so.1", "/usr/lib/i386-linux-gnu/libcuda.so.1", 0x0003, False),
+]
+
+
+@fuzz(300)
+@given(data=st.one_of(mutated(CACHES, words=[48, 49, 24, 16, 12, 32]), CACHES, st.binary(max_size=256)))
+def test_merging_into_a_hostile_cache(data: bytes) -> None:
+    """What StartContainer does with the image's cache (engine.start.ldconfig.merge):
+    anything readable merges, encodes and reads back to the same; the rest is a
+    DiscoveryError (and is then treated as no cache)."""
+    got = typed(DiscoveryError, read_ld_so_cache, data)
+    if isinstance(got, DiscoveryError):
+        return
+    merged = merge(got, OURS)
+    assert set(OURS) <= set(merged.entries)
+    assert read_ld_so_cache(encode(merged)) == merged
