@@ -191,7 +191,13 @@ def test_the_container_sees_its_gpus_libraries_and_cache(
     assert (c.rootfs / "etc/ld.so.conf").read_text() == "include /etc/ld.so.conf.d/*.conf\n"
 
 
-_STUB_C = "int nri_gpu_stub;\n"
+def _shared_library(gcc: str, tmp_path: Path, soname: str, file_name: str) -> Path:
+    """A tiny shared library with the given SONAME, built with gcc."""
+    source = tmp_path / f"{file_name}.c"
+    source.write_text("int nri_gpu_test_symbol;\n")
+    lib = tmp_path / file_name
+    subprocess.run([gcc, "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(lib), str(source)], check=True)
+    return lib
 
 
 def test_merge_equals_a_rebuild_and_the_loader_takes_ours(
@@ -201,12 +207,7 @@ def test_merge_equals_a_rebuild_and_the_loader_takes_ours(
     folder of its own (as images that bake in a driver stub do): the merge gives
     exactly the entries, in exactly the order, of the trusted ldconfig's rebuild,
     and glibc's loader in the container takes our library over the image's stub."""
-    (tmp_path / "stub.c").write_text(_STUB_C)
-    stub = tmp_path / "libnvidia-ml.so.1"
-    subprocess.run(
-        [gcc, "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(stub), str(tmp_path / "stub.c")],
-        check=True,
-    )
+    stub = _shared_library(gcc, tmp_path, "libnvidia-ml.so.1", "libnvidia-ml.so.1")
 
     def prepare(rootfs: Path) -> None:
         (rootfs / "opt/stub").mkdir(parents=True)
@@ -452,12 +453,7 @@ def test_ldconfig_plants_no_link_and_no_aux_cache_in_a_volume(
     # glibc's ldconfig takes a SONAME with "/" as it is: run as root without -X it
     # would make /opt/evil/../../data/planted, in the volume; and it saves its aux
     # cache under /var/cache/ldconfig whatever -C says.
-    (tmp_path / "evil.c").write_text("int nri_gpu_evil;\n")
-    lib = tmp_path / "libevil.so.1.0"
-    subprocess.run(
-        [gcc, "-shared", "-fPIC", "-Wl,-soname,../../data/planted", "-o", str(lib), str(tmp_path / "evil.c")],
-        check=True,
-    )
+    lib = _shared_library(gcc, tmp_path, "../../data/planted", "libevil.so.1.0")
 
     def prepare(rootfs: Path) -> None:
         (rootfs / "opt/evil").mkdir(parents=True)
