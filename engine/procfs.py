@@ -255,7 +255,7 @@ def params_with_device_modification_disabled(text: str) -> str:
             line = body + line[len(line.rstrip("\r\n")) :]
         out.append(line)
     if not found:
-        if out and not out[-1].endswith(("\n", "\r")):
+        if out and not out[-1].endswith("\n"):  # lines end at "\n" only (``_kernel_lines``)
             out.append("\n")
         out.append(f"{_MODIFY}: 0\n")
     return "".join(out)

@@ -71,6 +71,8 @@ def test_proc_devices(text: str) -> None:
 @given(text=TEXTS)
 # Found by the long run (seed 0x4e524947): str.splitlines broke the line at U+2028.
 @example(text='RmLogonRC: 1\nModifyDeviceFiles:\u2028 1\nDeviceFileUID: 0\nRegistryDwords: ""\n')
+# Found by the long run: a last line ending in "\r" got the key appended on the same line.
+@example(text="RmLogonRC: 1\r")
 def test_params_and_the_params_a_container_sees(text: str) -> None:
     typed(DiscoveryError, parse_params, text)
     shown = typed((), params_with_device_modification_disabled, text)
