@@ -331,14 +331,6 @@ class _NoImports(importlib.abc.MetaPathFinder):
 def _worker(out: int, pid: int, work: StartWork, ldconfig: str, deadline: float) -> NoReturn:
     try:
         _detach_from_caller()
-    except BaseException as exc:
-        _emit(out, {"ok": False, "step": "internal", "error": f"{type(exc).__name__}: {exc}"})
-        os._exit(0)
-    _work(out, pid, work, ldconfig, deadline)
-
-
-def _work(out: int, pid: int, work: StartWork, ldconfig: str, deadline: float) -> NoReturn:
-    try:
 
         def progress(step: str) -> None:
             _emit(out, {"step": step})
