@@ -160,16 +160,15 @@ def _steps(root: RootDir, host: _Host, work: StartWork, step: _Steps, deadline: 
             if work.ldconfig_folders:
                 with step("ld.so.conf"):
                     changed = ldconfig.write_conf(root, work.ldconfig_folders)
-            if work.ldconfig_folders and host.trusted is None:  # ld_cache "merge"
-                with step("ld.so.cache"):
-                    written = ldconfig.merge(root, work.ld_cache_entries)
-            elif host.trusted is not None:  # "rebuild": opened on the host for exactly that
-                with step("ldconfig"):
-                    expected = ldconfig.expected_entries(work.symlinks, work.ldconfig_folders)
-                    if changed or not ldconfig.cache_lists(root, expected):
-                        # Its own line: the ldconfig process alone, fork to reap.
-                        step.timings["ldconfig process"] = ldconfig.run(root, host.trusted, deadline)
-                        written = True
+                if host.trusted is None:  # ld_cache "merge"
+                    with step("ld.so.cache"):
+                        written = ldconfig.merge(root, work.ld_cache_entries)
+                else:  # "rebuild": the trusted ldconfig was opened on the host for it
+                    with step("ldconfig"):
+                        if changed or not ldconfig.cache_lists(root, work.ld_cache_entries):
+                            # Its own line: the ldconfig process alone, fork to reap.
+                            step.timings["ldconfig process"] = ldconfig.run(root, host.trusted, deadline)
+                            written = True
     step.timings["total"] = (time.perf_counter() - started) * 1000
     return StartReport(timings_ms=step.timings, procfs=procfs, ld_cache_written=written)
 

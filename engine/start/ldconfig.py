@@ -43,13 +43,13 @@ from engine.errors import DiscoveryError
 from engine.ldcache import LdCache, parse_ld_so_cache, read_ld_so_cache
 from engine.ldcache_merge import encode
 from engine.ldcache_merge import merge as merge_entries
-from engine.model import LdCacheEntry, Symlink
+from engine.model import LdCacheEntry
 from engine.start import confine, elf, syscalls
 from engine.start.confine import Trusted
 from engine.start.rootdir import RootDir, describe, read_regular, split, write_atomically
 from engine.start.work import WorkError
 
-__all__ = ["CONF", "Trusted", "cache_lists", "expected_entries", "merge", "open_trusted", "run", "write_conf"]
+__all__ = ["CONF", "Trusted", "cache_lists", "merge", "open_trusted", "run", "write_conf"]
 
 CONF = "/etc/ld.so.conf.d/00-nri-gpu.conf"  # 00-: before the image's own files, as the toolkit's 00-nvcr
 MAIN_CONF = "/etc/ld.so.conf"
@@ -133,16 +133,10 @@ def _current(dirfd: int, name: str) -> bytes | None:
         os.close(fd)
 
 
-def expected_entries(links: tuple[Symlink, ...], folders: tuple[str, ...]) -> frozenset[str]:
-    """Cache entries a current cache has: the SONAME links in the configured folders
-    (``/usr/lib/x86_64-linux-gnu/libcuda.so.1``), not the ``.so`` development links."""
-    return frozenset(
-        link.path for link in links if ".so." in link.path.rsplit("/", 1)[1] and link.path.rsplit("/", 1)[0] in folders
-    )
-
-
-def cache_lists(root: RootDir, paths: frozenset[str]) -> bool:
-    """Whether the container's cache already resolves every one of ``paths``."""
+def cache_lists(root: RootDir, entries: tuple[LdCacheEntry, ...]) -> bool:
+    """Whether the container's cache already lists every path of ``entries`` (the
+    plan's, which are what ldconfig lists for our libraries)."""
+    paths = {entry.path for entry in entries}
     if not paths:
         return False
     try:

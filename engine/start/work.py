@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.config import LD_CACHE_MODES
 from engine.model import LdCacheEntry, Plan, Symlink
 
 __all__ = ["PROC", "StartReport", "StartWork", "WorkError", "start_work"]
@@ -45,8 +46,8 @@ class StartWork:
     ld_cache: str = "merge"  # or "rebuild": the trusted ldconfig rebuilds the cache
 
     def __post_init__(self) -> None:
-        if self.ld_cache not in ("merge", "rebuild"):
-            raise ValueError(f"ld_cache {self.ld_cache!r}: expected 'merge' or 'rebuild'")
+        if self.ld_cache not in LD_CACHE_MODES:
+            raise ValueError(f"ld_cache {self.ld_cache!r}: expected one of {LD_CACHE_MODES}")
         for bus in self.visible_bus_ids:
             # Used as one path component under gpus/: anything else is a bug upstream.
             if not bus or "/" in bus or bus in (".", "..") or "\0" in bus:
