@@ -71,7 +71,7 @@ class EngineConfig:
     libraries: ``"merge"`` inserts them into the image's own cache (no process
     runs; see ``engine.ldcache_merge``), ``"rebuild"`` runs ``ldconfig`` over the
     container as the toolkit does (also lists libraries the image left out of
-    its cache; about 12 ms more per container)."""
+    its cache; 7-11 ms more per container start, docs/performance.md)."""
 
     driver_root: str = "/"
     dev_root: str = "/"

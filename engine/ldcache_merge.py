@@ -175,7 +175,6 @@ class _StringTable:
     """NUL-terminated strings, each stored once; offsets count from the file's start."""
 
     def __init__(self, start: int) -> None:
-        self._start = start
         self._offsets: dict[str, int] = {}
         self._parts: list[bytes] = []
         self.end = start

@@ -88,8 +88,8 @@ OPTIONS: tuple[Option, ...] = (
         'How a GPU container\'s ld.so cache gets the driver libraries. "merge": they are\n'
         "inserted into the image's own cache where ldconfig would put them; no process\n"
         'runs. "rebuild": the ldconfig below rebuilds the whole cache, as the toolkit does;\n'
-        "it also lists libraries the image left out of its own cache, at about 12 ms more\n"
-        "per container.",
+        "it also lists libraries the image left out of its own cache, at 7-11 ms more per\n"
+        "container start.",
     ),
     Option(
         "engine",

@@ -2,10 +2,9 @@
 
 ``start_work(plan, container, proc_root)`` takes what a plan leaves for start
 time; ``run_start(pid, work)`` / ``await run_start_async(pid, work)`` does it in a
-forked worker: the
-GPU-restricted ``/proc/driver/nvidia`` view, the library symlinks,
-``/etc/ld.so.conf.d/00-nri-gpu.conf`` and the ld.so cache (the driver's entries
-merged into the image's, or rebuilt by the host's static ldconfig, confined).
+forked worker: the GPU-restricted ``/proc/driver/nvidia`` view, the library
+symlinks, ``/etc/ld.so.conf.d/00-nri-gpu.conf`` and the ld.so cache (the driver's
+entries merged into the image's, or rebuilt by the host's static ldconfig, confined).
 Failures raise ``engine.errors.StartError``.
 """
 

@@ -77,7 +77,7 @@ _INITIAL_WARMUP = 3
 class Variant:
     name: str                     # key in results and pod name part
     label: str                    # for tables
-    plugin: str | None            # None, "noop" or "nri-gpu"
+    plugin: str | None            # None or one of PLUGIN_KINDS
     annotations: tuple[tuple[str, str], ...] = ()
     # The control: without a plugin, CRI itself gives the container the devices and
     # read-only driver mounts nri-gpu would give a one-GPU pod (no start work).
