@@ -19,6 +19,13 @@ Two deliberate differences from the plan:
   acting on the container a second time.
 * The hook finds which GPUs it serves in the bundle's device list (a CDI hook
   cannot be per device: two devices would run it twice with different views).
+
+The hook runs as root at every start of a GPU container, with runc's working
+directory in the container's bundle. Its environment makes Python import
+nothing from there (``PYTHONSAFEPATH``: no script or working directory on
+``sys.path``; ``PYTHONNOUSERSITE``: no ``~/.local``), and its ``timeout`` lets
+the runtime kill a hook that hangs, after the hook's own limit
+(``engine.hook``) has had its chance to fail it with a message.
 """
 
 from __future__ import annotations
@@ -32,23 +39,49 @@ from engine.model import Capability, DeviceKind, DeviceNode, Inventory, Plan
 from engine.plan import plan as make_plan
 from engine.request import GpuRequest, Selection
 
-__all__ = ["CDI_VERSION", "KIND", "HookCommand", "cdi_spec", "hook_command"]
+__all__ = [
+    "CDI_VERSION",
+    "HOOK_ENV",
+    "HOOK_TIMEOUT",
+    "HOOK_TIME_LIMIT",
+    "KIND",
+    "HookCommand",
+    "cdi_spec",
+    "hook_command",
+]
 
 # 0.5.0 has every field used here and is read by the CDI library of containerd
 # 1.7 and 2.x, podman and nerdctl alike.
 CDI_VERSION = "0.5.0"
 KIND = "nvidia.com/gpu"
-HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
+HOOK_ENV = (
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    # What ``python -I`` does, for a console script whose ``#!`` line we do not
+    # write: without it a ``python -m`` wrapper would import from the working
+    # directory, which runc sets to the container's bundle.
+    "PYTHONSAFEPATH=1",
+    "PYTHONNOUSERSITE=1",
+)
+# Seconds the hook gives its own whole run (``engine.hook.time_limit``): far
+# above a normal run (well under a second), low enough that a stuck hook does not
+# hold a container's start for long.
+HOOK_TIME_LIMIT = 10.0
+# Seconds the runtime gives the hook before killing it (whole seconds: the OCI
+# field is an integer). Above the hook's own limit, with room for Python's start,
+# so that a slow hook ends with its own message rather than runc's "timed out".
+HOOK_TIMEOUT = 15
 
 
 @dataclass(frozen=True)
 class HookCommand:
     """The ``createContainer`` hook: an absolute executable, its argv (argv[0]
-    included) and the whole of its environment (a hook gets nothing else)."""
+    included), the whole of its environment (a hook gets nothing else) and the
+    seconds the runtime waits for it."""
 
     path: str
     args: tuple[str, ...]
     env: tuple[str, ...] = HOOK_ENV
+    timeout: int = HOOK_TIMEOUT
 
 
 def hook_command(executable: str, config: EngineConfig, capabilities: frozenset[Capability]) -> HookCommand:
@@ -107,7 +140,15 @@ def _common(every: Plan, hook: HookCommand) -> dict[str, Any]:
             {"hostPath": m.source, "containerPath": m.destination, "type": "bind", "options": list(m.options)}
             for m in every.mounts
         ],
-        "hooks": [{"hookName": "createContainer", "path": hook.path, "args": list(hook.args), "env": list(hook.env)}],
+        "hooks": [
+            {
+                "hookName": "createContainer",
+                "path": hook.path,
+                "args": list(hook.args),
+                "env": list(hook.env),
+                "timeout": hook.timeout,
+            }
+        ],
     }
 
 

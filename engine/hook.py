@@ -10,17 +10,27 @@ capabilities are those the spec was generated for (the hook's arguments).
 
 The parsing half is pure; ``run_hook`` does the I/O and the work
 (``engine.start.actions.perform_in_bundle``).
+
+Time: the runtime waits for a hook as long as the spec's ``timeout`` says
+(``engine.cdi.HOOK_TIMEOUT``), and the container's start with it. The hook
+bounds itself first: ``time_limit`` ends the process with a message once
+its limit is over, whatever it is doing (reading a stdin that never closes,
+discovery on a stuck file system), and the start work gets a deadline a little
+before that, so that a slow ldconfig is killed and reported by the work itself.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from engine.cdi import HOOK_TIME_LIMIT
 from engine.config import EngineConfig
 from engine.errors import EngineError, StartError
 from engine.model import Capability, Inventory
@@ -29,11 +39,24 @@ from engine.request import ByIndex, GpuRequest, Selection
 from engine.start import actions
 from engine.start.work import StartReport, start_work
 
-__all__ = ["HookError", "HookState", "gpu_request", "parse_state", "rootfs", "run_hook"]
+__all__ = [
+    "HOOK_TIME_LIMIT",
+    "STATE_LIMIT",
+    "HookError",
+    "HookState",
+    "gpu_request",
+    "parse_state",
+    "rootfs",
+    "run_hook",
+    "time_limit",
+    "work_timeout",
+]
 
-_STATE_LIMIT = 1 << 20
+STATE_LIMIT = 1 << 20
 _CONFIG_LIMIT = 16 << 20
-DEFAULT_HOOK_TIMEOUT = 10.0  # no NRI deadline here; the runtime waits for the hook
+# The start work's deadline comes this long before the process's own limit: its
+# own timeout (a killed ldconfig) then reports the step, not the bare limit.
+_WORK_MARGIN = 1.0
 
 
 class HookError(EngineError):
@@ -52,7 +75,7 @@ def parse_state(data: bytes) -> HookState:
     >>> parse_state(b'{"ociVersion": "1.0.2", "id": "abc", "status": "creating", "bundle": "/b"}')
     HookState(container_id='abc', bundle='/b')
     """
-    state = _json_object(data, "the OCI state on stdin", _STATE_LIMIT)
+    state = _json_object(data, "the OCI state on stdin", STATE_LIMIT)
     container, bundle = state.get("id"), state.get("bundle")
     if not isinstance(container, str) or not container:
         raise HookError(f"the OCI state has no container id (id: {container!r})")
@@ -94,7 +117,7 @@ def run_hook(
     capabilities: frozenset[Capability],
     inventory: Callable[[], Inventory],
     *,
-    timeout: float = DEFAULT_HOOK_TIMEOUT,
+    timeout: float = HOOK_TIME_LIMIT - _WORK_MARGIN,
 ) -> StartReport:
     """Read the bundle, plan, and do the start work in the container's root.
 
@@ -113,6 +136,33 @@ def run_hook(
         return actions.perform_in_bundle(root, work, ldconfig_path=config.ldconfig, deadline=deadline)
     except actions.StepFailed as exc:
         raise StartError(who, exc.step, str(exc)) from exc
+
+
+def work_timeout(time_limit: float) -> float:
+    """The start work's timeout within a hook run limited to ``time_limit`` seconds."""
+    return max(time_limit - _WORK_MARGIN, time_limit / 2)
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """End this process with exit status 1 and a message on stderr if the block
+    has not finished after ``seconds``. A handler, not the default action of
+    SIGALRM, so that runc returns the reason with the hook's failure; blocking
+    calls are interrupted (EINTR) and the handler runs before they are retried.
+    The timer and the old handler are restored when the block ends."""
+
+    def expire(signum: int, frame: object) -> None:
+        message = f"nri-gpu hook: did not finish within its time limit of {seconds:g} s; giving up\n"
+        os.write(2, message.encode())
+        os._exit(1)
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _read_config(bundle: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,7 +25,7 @@ from engine.cdi import cdi_spec, hook_command
 from engine.config import LD_CACHE_MODES, EngineConfig
 from engine.discover import discover
 from engine.errors import EngineError
-from engine.hook import run_hook
+from engine.hook import HOOK_TIME_LIMIT, STATE_LIMIT, run_hook, time_limit, work_timeout
 from engine.model import Capability
 from engine.request import parse_capabilities
 
@@ -57,6 +58,23 @@ def add_commands(commands: Any, add_roots: Any) -> None:
     hook.add_argument("--ld-cache", choices=LD_CACHE_MODES, help="merge (default) or rebuild the ld.so cache")
     for flag in ("--driver-root", "--dev-root", "--proc-root"):
         hook.add_argument(flag, metavar="DIR")
+    hook.add_argument(
+        "--time-limit",
+        metavar="SECONDS",
+        type=_seconds,
+        default=HOOK_TIME_LIMIT,
+        help=f"fail (exit 1) when not done after this long (default {HOOK_TIME_LIMIT:g})",
+    )
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= 3600:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds between 0 and 3600")
+    return seconds
 
 
 def _capabilities(value: str | None, engine: EngineConfig) -> frozenset[Capability]:
@@ -116,6 +134,12 @@ def _write_atomically(path: str, data: bytes) -> None:
 
 
 def start_container(args: argparse.Namespace, engine: EngineConfig, stdin: Any) -> int:
+    # First: whatever follows may block (a stdin that never closes, a stuck file system).
+    with time_limit(args.time_limit):
+        return _start_container(args, engine, stdin, time.monotonic() + work_timeout(args.time_limit))
+
+
+def _start_container(args: argparse.Namespace, engine: EngineConfig, stdin: Any, deadline: float) -> int:
     # runc starts the hook in the container's root; nothing of ours is looked up there.
     os.chdir("/")
     # Discovery's notes (a missing optional file) are not the runtime's business:
@@ -124,7 +148,9 @@ def start_container(args: argparse.Namespace, engine: EngineConfig, stdin: Any) 
     engine = _ld_cache_flags(args, engine)
     try:
         caps = _capabilities(args.capabilities, engine)
-        run_hook(stdin.buffer.read(), engine, caps, lambda: discover(engine, cuda_version=_no_cuda_probe))
+        state = stdin.buffer.read(STATE_LIMIT + 1)
+        left = max(0.0, deadline - time.monotonic())
+        run_hook(state, engine, caps, lambda: discover(engine, cuda_version=_no_cuda_probe), timeout=left)
     except EngineError as exc:
         print(f"nri-gpu hook: {exc}", file=sys.stderr)
         return 1

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from engine.cdi import HOOK_TIMEOUT
 from tests.testbed.cri import CriClient, CriError
 from tests.testbed.gpunode import SimNode
 from tests.testbed.images import GLIBC
@@ -81,7 +82,10 @@ def test_spec_names_every_gpu_by_index_uuid_and_all(spec: dict[str, Any], node: 
     hook = spec["containerEdits"]["hooks"]
     assert [h["hookName"] for h in hook] == ["createContainer"] and hook[0]["path"] == NRI_GPU
     assert hook[0]["args"][1:3] == ["hook", "start-container"]
-    assert all(e.startswith("PATH=") for e in hook[0]["env"])  # nothing else reaches our hook
+    # Nothing else reaches our hook, and Python imports nothing from runc's working
+    # directory (the bundle) or a user's site; runc kills it if it hangs.
+    assert [e.split("=")[0] for e in hook[0]["env"]] == ["PATH", "PYTHONSAFEPATH", "PYTHONNOUSERSITE"]
+    assert hook[0]["timeout"] == HOOK_TIMEOUT
 
 
 def test_cdi_container_equals_nri_container(

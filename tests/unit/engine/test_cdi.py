@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from engine.cdi import HOOK_ENV, cdi_spec, hook_command
+from engine.cdi import HOOK_ENV, HOOK_TIMEOUT, cdi_spec, hook_command
 from engine.config import EngineConfig
 from engine.discover import discover
 from engine.errors import DiscoveryError
@@ -70,8 +70,26 @@ def test_common_edits_are_the_plan_less_the_gpu_nodes(four: tuple[SimNode, Engin
     assert {n["path"] for n in common["deviceNodes"]} == {d.path for d in two.devices} - per_gpu
     assert common["env"] == ["NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_DRIVER_CAPABILITIES=compute,utility,video"]
     assert common["hooks"] == [
-        {"hookName": "createContainer", "path": HOOK.path, "args": list(HOOK.args), "env": list(HOOK_ENV)}
+        {
+            "hookName": "createContainer",
+            "path": HOOK.path,
+            "args": list(HOOK.args),
+            "env": list(HOOK_ENV),
+            "timeout": HOOK_TIMEOUT,
+        }
     ]
+
+
+def test_hook_imports_nothing_from_the_bundle_and_has_a_time_limit(
+    four: tuple[SimNode, EngineConfig, Inventory],
+) -> None:
+    # runc starts the hook with its working directory in the container's bundle:
+    # Python must not put that (or the script's folder, or ~/.local) on sys.path.
+    _, config, inventory = four
+    hook = cdi_spec(inventory, config, DEFAULT_CAPABILITIES, HOOK)["containerEdits"]["hooks"][0]
+    assert {"PYTHONSAFEPATH=1", "PYTHONNOUSERSITE=1"} <= set(hook["env"])
+    assert [e.split("=")[0] for e in hook["env"]] == ["PATH", "PYTHONSAFEPATH", "PYTHONNOUSERSITE"]
+    assert isinstance(hook["timeout"], int) and 0 < hook["timeout"] <= 60
 
 
 def test_hook_gets_host_paths_and_the_capabilities(tmp_path: Path) -> None:

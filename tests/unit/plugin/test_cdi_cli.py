@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,3 +55,29 @@ def test_hook_names_bad_input(
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(state)))
     assert main(flags) == 1
     assert f"{tmp_path}/config.json: No such file or directory" in capsys.readouterr().err
+
+
+def test_hook_ends_itself_at_its_time_limit(node: SimNode) -> None:
+    # A stdin that never closes (or a stuck file system) must not hold the
+    # container's start until the runtime's own timeout, or forever without one.
+    argv = [sys.executable, "-m", "plugin", "hook", "start-container", *node.flags(), "--capabilities", "compute"]
+    started = time.monotonic()
+    with subprocess.Popen([*argv, "--time-limit", "0.5"], stdin=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        try:
+            proc.wait(timeout=10)  # stdin stays open: communicate() would close it
+        finally:
+            proc.kill()
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 1, err
+    assert b"nri-gpu hook: did not finish within its time limit of 0.5 s" in err
+    assert elapsed < 5, elapsed
+
+
+def test_hook_time_limit_must_be_sensible(node: SimNode, capsys: pytest.CaptureFixture[str]) -> None:
+    for value in ("0", "-1", "soon", "1e9"):
+        with pytest.raises(SystemExit) as exc:
+            main(["hook", "start-container", "--capabilities", "compute", "--time-limit", value])
+        assert exc.value.code == 2
+        assert "is not a number of seconds" in capsys.readouterr().err
