@@ -34,7 +34,12 @@ Every way the bytes can be wrong is a ``DiscoveryError`` naming the field or
 offset; counts are checked against the size before anything is unpacked, a
 string is at most ``MAX_STRING`` bytes and all strings together at most
 ``_DECODE_FACTOR`` times the file, so a hostile file can neither make us
-allocate much nor loop long.
+allocate much nor loop long. On top of that, limits no real cache comes near
+(``LdCacheLimit``, a ``DiscoveryError``): at most ``MAX_CACHE_SIZE`` bytes
+(checked first), at most ``MAX_ENTRIES`` entries (checked before any entry is
+unpacked), and an optional deadline checked as the entries are built, so a
+cache made to be big (64 MiB holds 2.8 million entries: half a gigabyte of
+objects, seconds of work) costs a container start nothing but a clear error.
 
 Speed: the entries are unpacked into columns with ``array`` slices, and the
 strings of a table shaped as ldconfig writes it are found in bulk (a split at
@@ -48,6 +53,7 @@ from __future__ import annotations
 
 import struct
 import sys
+import time
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -89,6 +95,21 @@ _LIB64_ABIS = frozenset({0x0100, 0x0200, 0x0300, 0x0400, 0x0500, 0x0700, 0x0A00,
 
 MAX_STRING = 4096  # PATH_MAX: no library name or path in a real cache is longer
 _DECODE_FACTOR = 16  # decoded text allowed per byte of cache (real caches: about 1)
+# Real caches: a CUDA image's ~30 KB and a few hundred entries, a desktop's
+# ~200 KB and a few thousand. Far above both, far below what hurts.
+MAX_CACHE_SIZE = 8 << 20
+MAX_ENTRIES = 1 << 16
+_CHUNK = 4096  # entries built between two looks at the deadline
+
+
+class LdCacheLimit(DiscoveryError):
+    """A cache over a size, count or time limit: not garbled, but refused."""
+
+
+def check_deadline(deadline: float | None, what: str) -> None:
+    """Raise ``LdCacheLimit`` when ``deadline`` (``time.monotonic``) has passed."""
+    if deadline is not None and time.monotonic() > deadline:
+        raise LdCacheLimit(f"ld.so.cache: {what} did not finish before the deadline")
 
 
 def is_64bit_flags(flags: int) -> bool:
@@ -115,12 +136,12 @@ def is_hwcaps_entry(entry: LdCacheEntry) -> bool:
     return (entry.hwcap >> 32) & ~((1 << _ISA_LEVEL_BITS) - 1) == HWCAP_EXTENSION >> 32
 
 
-def parse_ld_so_cache(data: bytes) -> tuple[LdCacheEntry, ...]:
+def parse_ld_so_cache(data: bytes, *, deadline: float | None = None) -> tuple[LdCacheEntry, ...]:
     """Every entry of an ld.so.cache, in file order: ``read_ld_so_cache(data).entries``."""
-    return read_ld_so_cache(data).entries
+    return read_ld_so_cache(data, deadline=deadline).entries
 
 
-def read_ld_so_cache(data: bytes) -> LdCache:
+def read_ld_so_cache(data: bytes, *, deadline: float | None = None) -> LdCache:
     """Every entry of an ld.so.cache, in file order (ldconfig sorts them), and the
     ``glibc-hwcaps`` names of its extension section.
 
@@ -142,17 +163,21 @@ def read_ld_so_cache(data: bytes) -> LdCache:
     does), so any byte path survives.
 
     Raises ``DiscoveryError`` for a file that is not a cache (bad magic or
-    version), is byte-swapped, or is truncated or inconsistent anywhere.
+    version), is byte-swapped, or is truncated or inconsistent anywhere;
+    ``LdCacheLimit`` for one over ``MAX_CACHE_SIZE`` bytes or ``MAX_ENTRIES``
+    entries, or not read by ``deadline`` (a ``time.monotonic`` value).
     """
+    if len(data) > MAX_CACHE_SIZE:
+        raise LdCacheLimit(f"ld.so.cache of {len(data)} bytes: over the limit of {MAX_CACHE_SIZE} bytes")
     data = bytes(data)
     if data.startswith(OLD_MAGIC):
-        return _parse_old_or_compat(data)
+        return _parse_old_or_compat(data, deadline)
     if data.startswith(NEW_MAGIC):
-        return _parse_new(data, 0)
+        return _parse_new(data, 0, deadline)
     raise DiscoveryError(f"not an ld.so.cache: starts with {data[:20]!r}, expected {NEW_MAGIC!r} or {OLD_MAGIC!r}")
 
 
-def _parse_old_or_compat(data: bytes) -> LdCache:
+def _parse_old_or_compat(data: bytes, deadline: float | None) -> LdCache:
     if len(data) < _OLD_HEADER.size:
         raise DiscoveryError(
             f"truncated ld.so.cache: the old-format header needs {_OLD_HEADER.size} bytes, the file has {len(data)}"
@@ -162,16 +187,24 @@ def _parse_old_or_compat(data: bytes) -> LdCache:
     new_start = -(-entries_end // _NEW_ALIGN) * _NEW_ALIGN
     header = data[new_start : new_start + len(NEW_MAGIC) + len(NEW_VERSION)]
     if len(data) - new_start >= _NEW_HEADER.size and header == NEW_MAGIC + NEW_VERSION:
-        return _parse_new(data, new_start)  # compat: glibc reads the new part
+        return _parse_new(data, new_start, deadline)  # compat: glibc reads the new part
+    _check_count(nlibs, "old-format", 12)  # before anything is unpacked
     block = data[_OLD_HEADER.size : entries_end]
     flags = _column(block, "i", 0, _OLD_ENTRY_WORDS)
     keys = _column(block, "I", 1, _OLD_ENTRY_WORDS)
     values = _column(block, "I", 2, _OLD_ENTRY_WORDS)
     zeros = [0] * nlibs
-    return LdCache(_entries(data, entries_end, entries_end, len(data), flags, keys, values, zeros, zeros))
+    return LdCache(_entries(data, entries_end, entries_end, len(data), flags, keys, values, zeros, zeros, deadline))
 
 
-def _parse_new(data: bytes, base: int) -> LdCache:
+def _check_count(nlibs: int, kind: str, field: int) -> None:
+    if nlibs > MAX_ENTRIES:
+        raise LdCacheLimit(
+            f"{kind} ld.so.cache nlibs={nlibs} (offset {field}): over the limit of {MAX_ENTRIES} entries"
+        )
+
+
+def _parse_new(data: bytes, base: int, deadline: float | None) -> LdCache:
     if len(data) - base < _NEW_HEADER.size:
         raise DiscoveryError(
             f"truncated ld.so.cache: the new-format header at offset {base} needs {_NEW_HEADER.size} bytes, "
@@ -191,6 +224,7 @@ def _parse_new(data: bytes, base: int) -> LdCache:
         raise DiscoveryError(f"ld.so.cache marks itself invalid (flags byte {flags:#04x} at offset {base + 28})")
     entries_start = base + _NEW_HEADER.size
     entries_end = _entries_end(data, "new-format", base + 20, entries_start, nlibs, 4 * _NEW_ENTRY_WORDS)
+    _check_count(nlibs, "new-format", base + 20)  # before anything is unpacked
     strings_end = entries_end + len_strings
     if strings_end > len(data):
         raise DiscoveryError(
@@ -203,7 +237,7 @@ def _parse_new(data: bytes, base: int) -> LdCache:
     values = _column(block, "I", 2, _NEW_ENTRY_WORDS)
     osversions = _column(block, "I", 3, _NEW_ENTRY_WORDS)
     hwcaps = _column(block, "Q", 2, _NEW_ENTRY_WORDS // 2)
-    entries = _entries(data, base, entries_end, strings_end, flags, keys, values, hwcaps, osversions)
+    entries = _entries(data, base, entries_end, strings_end, flags, keys, values, hwcaps, osversions, deadline)
     return LdCache(entries, _hwcaps_names(data, base, extension) if extension else ())
 
 
@@ -265,16 +299,23 @@ def _entries(
     values: Sequence[int],
     hwcaps: Sequence[int],
     osversions: Sequence[int],
+    deadline: float | None = None,
 ) -> tuple[LdCacheEntry, ...]:
     """Entries from the unpacked columns; string offsets count from ``base``, strings lie in [start, end)."""
     table = data[start:end]
     budget = _DECODE_FACTOR * len(data) + 65536
     strings = _strings_in_bulk(table, start - base, keys, values, budget)
+    check_deadline(deadline, "reading the strings")
     if strings is None:
-        seen = _strings_one_by_one(table, start - base, base, keys, values, budget)
+        seen = _strings_one_by_one(table, start - base, base, keys, values, budget, deadline)
         strings = list(map(seen.__getitem__, keys)), list(map(seen.__getitem__, values))
     lib64 = [(f & FLAG_REQUIRED_MASK) in _LIB64_ABIS for f in flags]
-    return tuple(map(LdCacheEntry, *strings, flags, lib64, hwcaps, osversions))
+    columns = (*strings, flags, lib64, hwcaps, osversions)
+    out: list[LdCacheEntry] = []
+    for i in range(0, len(flags), _CHUNK):
+        check_deadline(deadline, "building the entries")
+        out.extend(map(LdCacheEntry, *(column[i : i + _CHUNK] for column in columns)))
+    return tuple(out)
 
 
 def _strings_in_bulk(
@@ -323,23 +364,31 @@ def _strings_in_bulk(
 
 
 def _strings_one_by_one(
-    table: bytes, first: int, base: int, keys: Sequence[int], values: Sequence[int], budget: int
+    table: bytes,
+    first: int,
+    base: int,
+    keys: Sequence[int],
+    values: Sequence[int],
+    budget: int,
+    deadline: float | None = None,
 ) -> dict[int, str]:
     """offset -> string for every offset the entries use, each checked; raises naming the first fault."""
     find = table.find
     seen: dict[int, str] = {}
     for field, offsets in (("key", keys), ("value", values)):
-        for offset in offsets:
+        for count, offset in enumerate(offsets):
+            if count % _CHUNK == 0:
+                check_deadline(deadline, "reading the strings")
             if offset in seen:
                 continue
             pos = offset - first  # its position in ``table``
             nul = find(b"\0", pos, pos + MAX_STRING + 1) if pos >= 0 else -1
             if nul < 0:
-                raise _string_error(table, base, base + first, offsets.index(offset), field, offset)
+                raise _string_error(table, base, base + first, count, field, offset)
             budget -= nul - pos
             if budget < 0:
                 raise DiscoveryError(
-                    f"ld.so.cache entry {offsets.index(offset)}: its strings bring the total past "
+                    f"ld.so.cache entry {count}: its strings bring the total past "
                     f"{_DECODE_FACTOR}x the file's size; the offsets overlap in a way ldconfig never writes"
                 )
             seen[offset] = table[pos:nul].decode("utf-8", "surrogateescape")

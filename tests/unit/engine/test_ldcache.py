@@ -537,3 +537,44 @@ def test_speed_of_a_2000_entry_cache(record_property: Callable[[str, object], No
     best = min(_timed(parse_ld_so_cache, data) for _ in range(20))
     record_property("ldcache_2000_parse_ms", round(best * 1e3, 3))
     print(f"2000-entry ld.so.cache ({len(data)} bytes) parsed in {best * 1e3:.2f} ms (best of 20)")
+
+
+# ---------------------------------------------------------------------------
+# limits: a cache made to be big costs a clear error, not seconds and gigabytes
+
+
+def test_a_cache_over_the_size_limit_is_refused_before_parsing() -> None:
+    data = write_cache([(0x0303, b"libz.so.1", b"/lib/libz.so.1", 0)], "new")
+    data += b"\0" * (ldcache.MAX_CACHE_SIZE + 1 - len(data))
+    began = time.perf_counter()
+    with pytest.raises(ldcache.LdCacheLimit, match=rf"of {len(data)} bytes: over the limit of {8 << 20} bytes"):
+        parse_ld_so_cache(data)
+    assert time.perf_counter() - began < 0.05
+
+
+@pytest.mark.parametrize("layout", ["new", "old"])
+def test_a_cache_over_the_entry_limit_is_refused_before_unpacking(layout: str) -> None:
+    # 100k entries that all share one string: 2.4 MB, under the size limit.
+    count = ldcache.MAX_ENTRIES + 1
+    data = write_cache([(0x0303, b"libz.so.1", b"/lib/libz.so.1", 0)] * count, layout)
+    assert len(data) < ldcache.MAX_CACHE_SIZE
+    began = time.perf_counter()
+    with pytest.raises(ldcache.LdCacheLimit, match=rf"nlibs={count} \(offset \d+\): over the limit of 65536 entries"):
+        parse_ld_so_cache(data)
+    assert time.perf_counter() - began < 0.05
+
+
+def test_a_parse_past_its_deadline_stops_with_a_clear_error() -> None:
+    entries = [(0x0303, f"libx{i}.so.1".encode(), f"/lib/libx{i}.so.1".encode(), 0) for i in range(20000)]
+    data = write_cache(entries, "new")
+    assert len(parse_ld_so_cache(data, deadline=time.monotonic() + 60)) == 20000
+    with pytest.raises(ldcache.LdCacheLimit, match="did not finish before the deadline"):
+        parse_ld_so_cache(data, deadline=time.monotonic() - 1)
+
+
+def test_the_limits_are_far_above_a_real_cache() -> None:
+    if not HOST_CACHE.is_file():
+        pytest.skip("no /etc/ld.so.cache here")
+    data = HOST_CACHE.read_bytes()
+    assert len(data) * 8 < ldcache.MAX_CACHE_SIZE
+    assert len(parse_ld_so_cache(data)) * 8 < ldcache.MAX_ENTRIES
