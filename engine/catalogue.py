@@ -9,7 +9,7 @@ a stale library from an older driver is kept out.
 
 from __future__ import annotations
 
-from engine.model import Capability
+from engine.model import Capability, EntryType
 
 C = Capability
 
@@ -73,12 +73,14 @@ BINARIES: dict[str, frozenset[Capability]] = {
     "nvidia-cuda-mps-server": frozenset({C.COMPUTE}),
 }
 
-# IPC endpoints of daemons on the node: (path, capabilities). Mounted read-write
-# (a client must be able to connect), nosuid, nodev, noexec.
-IPC: tuple[tuple[str, frozenset[Capability]], ...] = (
-    ("/run/nvidia-persistenced/socket", frozenset({C.UTILITY})),
-    ("/run/nvidia-fabricmanager/socket", frozenset({C.UTILITY})),
-    ("/tmp/nvidia-mps", frozenset({C.COMPUTE})),
+# IPC endpoints of daemons on the node: (path, what it must be, capabilities). Mounted
+# read-only, nosuid, nodev, noexec (a client connects through a read-only mount), and
+# only when nothing but root can change the path (``Root.root_only_entry``).
+MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # in /tmp: handed out only when configured (engine.mps)
+IPC: tuple[tuple[str, EntryType, frozenset[Capability]], ...] = (
+    ("/run/nvidia-persistenced/socket", EntryType.SOCKET, frozenset({C.UTILITY})),
+    ("/run/nvidia-fabricmanager/socket", EntryType.SOCKET, frozenset({C.UTILITY})),
+    (MPS_PIPE_DIRECTORY, EntryType.DIRECTORY, frozenset({C.COMPUTE})),
 )
 
 FIRMWARE_FOLDERS = ("/lib/firmware/nvidia", "/usr/lib/firmware/nvidia")

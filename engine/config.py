@@ -8,6 +8,7 @@ Every value is validated here and a bad one is reported with its key.
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 from collections.abc import Mapping
 from typing import Any
 
@@ -71,7 +72,10 @@ class EngineConfig:
     libraries: ``"merge"`` inserts them into the image's own cache (no process
     runs; see ``engine.ldcache_merge``), ``"rebuild"`` runs ``ldconfig`` over the
     container as the toolkit does (also lists libraries the image left out of
-    its cache; 7-11 ms more per container start, docs/performance.md)."""
+    its cache; 7-11 ms more per container start, docs/performance.md). ``mps``:
+    give compute containers the MPS pipe folder ``/tmp/nvidia-mps``; off, because
+    ``/tmp`` is every local account's (discovery takes the folder only when it and
+    ``/tmp`` are root's and writable by no one else, see ``engine.discover``)."""
 
     driver_root: str = "/"
     dev_root: str = "/"
@@ -79,6 +83,7 @@ class EngineConfig:
     ldconfig: str = "/sbin/ldconfig"
     host_root: str = "/"
     ld_cache: str = "merge"
+    mps: bool = False
     policy: Policy = dataclasses.field(default_factory=Policy)
 
     def __post_init__(self) -> None:
@@ -86,6 +91,13 @@ class EngineConfig:
             value = getattr(self, key)
             if not isinstance(value, str) or not value.startswith("/"):
                 raise EngineConfigError(f"engine.{key}: {value!r} must be an absolute path")
+            if ".." in value.split("/"):
+                # Lexical ".." and the kernel's differ below a link: refuse rather than guess.
+                raise EngineConfigError(f"engine.{key}: {_shown(value)} must not contain '..'")
+            # Mount sources are built from these: "/host/" and "/host" must compare equal.
+            object.__setattr__(self, key, "/" + posixpath.normpath(value).lstrip("/"))
+        if not isinstance(self.mps, bool):
+            raise EngineConfigError(f"engine.mps: expected true or false, got {_shown(self.mps)}")
         if self.ld_cache not in LD_CACHE_MODES:
             raise EngineConfigError(
                 f"engine.ld_cache: {self.ld_cache!r} is not one of {', '.join(repr(m) for m in LD_CACHE_MODES)}"
@@ -94,22 +106,42 @@ class EngineConfig:
     def to_host_path(self, path: str) -> str:
         """``path`` as seen by us -> the same file as the runtime on the host sees it.
 
-        Matches whole components (``/host`` never matches ``/hostile``). Raises
-        EngineConfigError for a path outside ``host_root``: the runtime could not
-        bind it, so planning must refuse rather than emit a wrong source.
+        Only a clean absolute path is taken (no ``.``, ``..`` or empty component):
+        runc resolves a mount source itself, and a ``..`` after a link would lead it
+        somewhere else than what we checked. Then whole components are matched
+        (``/host`` never matches ``/hostile``). Raises EngineConfigError, naming the
+        path, for an unclean path or one outside ``host_root``: planning must refuse
+        rather than emit a wrong source.
         """
+        if not is_clean_absolute(path):
+            raise EngineConfigError(
+                f"mount source {_shown(path)} is not a clean absolute path (no '.', '..' or empty component);"
+                " the runtime cannot be given it"
+            )
         if self.host_root == "/":
             return path
-        root = self.host_root.rstrip("/")
-        if path == root:
-            return "/"
-        if path.startswith(root + "/"):
-            return path[len(root) :]
-        raise EngineConfigError(f"{path} is outside engine.host_root {self.host_root}; the runtime cannot mount it")
+        root = self.host_root.split("/")
+        parts = path.split("/")
+        if parts[: len(root)] != root:
+            raise EngineConfigError(
+                f"mount source {_shown(path)} is outside engine.host_root {self.host_root}; the runtime cannot mount it"
+            )
+        return "/" + "/".join(parts[len(root) :])
 
     def with_roots(self, **roots: str | None) -> EngineConfig:
         changes: dict[str, Any] = {k: v for k, v in roots.items() if v is not None}
         return dataclasses.replace(self, **changes)
+
+
+def is_clean_absolute(path: str) -> bool:
+    """``/a/b``, not ``a/b``, ``/a/../b``, ``/a/./b``, ``/a//b`` or ``/a/``; ``/`` is clean."""
+    return path == "/" or (path.startswith("/") and all(p not in ("", ".", "..") for p in path[1:].split("/")))
+
+
+def _shown(value: object, limit: int = 256) -> str:
+    """repr() of a value for a message, cut to ``limit`` characters: paths can be long."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
 _BOOL_POLICY = ("accept_env_unprivileged", "accept_volume_mounts", "require_checks", "legacy_image_all_gpus")
@@ -155,12 +187,15 @@ def policy_from_mapping(table: Mapping[str, Any]) -> Policy:
 
 def from_tables(engine: Mapping[str, Any], policy: Mapping[str, Any]) -> EngineConfig:
     """Build from the config file's ``[engine]`` and ``[policy]`` tables."""
-    roots: dict[str, str] = {}
-    known = (*_ROOT_KEYS, "ld_cache")
+    roots: dict[str, Any] = {}
+    known = (*_ROOT_KEYS, "ld_cache", "mps")
     for key, value in engine.items():
         if key not in known:
             raise EngineConfigError(f"engine.{key}: unknown setting (known: {', '.join(known)})")
-        if not isinstance(value, str):
+        if key == "mps":
+            if not isinstance(value, bool):
+                raise EngineConfigError(f"engine.mps: expected true or false, got {_shown(value)}")
+        elif not isinstance(value, str):
             what = "a path string" if key in _ROOT_KEYS else "a string"
             raise EngineConfigError(f"engine.{key}: expected {what}, got {value!r}")
         roots[key] = value

@@ -84,7 +84,7 @@ def discover(config: EngineConfig, *, cuda_version: CudaVersionReader = read_cud
             if not dev.exists(f"/dev/nvidia{gpu.minor}"):
                 warnings.append(f"GPU {gpu.index} ({gpu.bus_id}): {dev.host_path(f'/dev/nvidia{gpu.minor}')} missing")
     libraries = _libraries(driver, version, warnings)
-    files = _binaries(driver) + _firmware(driver, version) + _ipc(driver)
+    files = _binaries(driver) + _firmware(driver, version) + _ipc(driver, config.mps, warnings)
     cuda = _cuda_version(driver, libraries, cuda_version, warnings)
     for warning in warnings:
         logger.warning("discovery: %s", warning)
@@ -190,12 +190,24 @@ def _firmware(driver: Root, version: str) -> tuple[DriverFile, ...]:
     return tuple(seen.values())
 
 
-def _ipc(driver: Root) -> tuple[DriverFile, ...]:
-    return tuple(
-        DriverFile(path, driver.resolve(path), FileKind.IPC, caps)
-        for path, caps in catalogue.IPC
-        if driver.is_socket(path) or driver.is_dir(path)
-    )
+def _ipc(driver: Root, mps: bool, warnings: list[str]) -> tuple[DriverFile, ...]:
+    """Daemons' sockets and the MPS pipe folder, as they are: never through a link.
+
+    ``/tmp`` and ``/run`` are where any local account can plant a link to ``/`` or a
+    folder of its own, which every GPU container would then get. The source is the
+    path itself (no link resolved), and only an entry no one but root can change is
+    taken; anything else there is skipped with a warning that says why.
+    """
+    files = []
+    for path, expected, caps in catalogue.IPC:
+        if path == catalogue.MPS_PIPE_DIRECTORY and not mps:
+            continue
+        try:
+            if driver.root_only_entry(path, expected):
+                files.append(DriverFile(path, path, FileKind.IPC, caps))
+        except DiscoveryError as exc:
+            warnings.append(f"IPC endpoint {path} skipped: {exc}")
+    return tuple(files)
 
 
 def _cuda_version(

@@ -86,7 +86,14 @@ class Library:
 class FileKind(enum.Enum):
     BINARY = "binary"
     FIRMWARE = "firmware"
-    IPC = "ipc"  # a daemon's socket or pipe folder: mounted writable so clients can connect
+    IPC = "ipc"  # a daemon's socket or pipe folder: mounted read-only (connecting needs no writable mount)
+
+
+class EntryType(enum.Enum):
+    """What an IPC endpoint must be; anything else at its path is refused."""
+
+    SOCKET = "socket"
+    DIRECTORY = "directory"
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,10 @@ projection of the inventory through the requested capabilities:
   minor from procfs, never the index), the uvm pair with compute (and video,
   which needs compute), ``nvidia-modeset`` with display;
 * mounts: every driver library, binary and IPC endpoint the capabilities need,
-  plus the GSP firmware, bound read-only (IPC read-write, so clients can
-  connect) ``nosuid,nodev`` at the same path in the container as on the node,
-  from the file under the driver root;
+  plus the GSP firmware, bound read-only ``nosuid,nodev`` (IPC endpoints
+  also ``noexec``, and a plain bind) at the same path in the container as on
+  the node, from the file under the driver root; every source a clean absolute
+  path inside the host root (``EngineConfig.to_host_path``);
 * env: ``NVIDIA_VISIBLE_DEVICES`` (the selected UUIDs, or ``none``) and
   ``NVIDIA_DRIVER_CAPABILITIES`` as granted;
 * container-start work: the bus ids that stay visible under
@@ -47,7 +48,11 @@ from engine.request import GpuRequest
 from engine.selection import select
 
 RO_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
-IPC_OPTIONS = ("nosuid", "nodev", "noexec", "rbind", "rprivate")
+# Read-only: connect(2) needs write permission on the socket's inode, not a writable
+# mount, and a FIFO opens for writing on a read-only mount (both tested); a writable
+# bind would let a container's root chmod the host's socket or plant files in the
+# host's MPS folder for the next tenant. A plain bind: nothing mounted below comes along.
+IPC_OPTIONS = ("ro", "nosuid", "nodev", "noexec", "bind", "rprivate")
 
 _DEVICE_FOR_CAPABILITY = {
     DeviceKind.UVM: frozenset({Capability.COMPUTE, Capability.VIDEO}),

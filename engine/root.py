@@ -20,9 +20,21 @@ import posixpath
 import stat
 
 from engine.errors import DiscoveryError
+from engine.model import EntryType
 
 _MAX_LINKS = 40  # the kernel's own limit on links followed in one lookup
 _MAX_READ = 16 * 1024 * 1024  # no file the engine reads is near this; a guard against /dev/zero-like surprises
+_O_WALK = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC  # O_PATH opens no device or FIFO; a link gives the link
+_FORMAT = {EntryType.SOCKET: stat.S_IFSOCK, EntryType.DIRECTORY: stat.S_IFDIR}
+_TYPE_NAMES = {
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFREG: "a regular file",
+    stat.S_IFLNK: "a symbolic link",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+}
 
 
 class Root:
@@ -44,8 +56,10 @@ class Root:
     def resolve(self, node_path: str) -> str:
         """The node path ``node_path`` leads to after following every link inside the root.
 
-        Raises DiscoveryError on a link loop. A missing component ends resolution
-        there (the remaining components are appended as they are).
+        The answer is always a clean absolute path inside the root (no ``.``, ``..``
+        or empty component). Raises DiscoveryError on a link loop. A missing
+        component ends link resolution there; the remaining components are taken as
+        written, ``..`` still never above the root.
         """
         parts = [p for p in node_path.split("/") if p and p != "."]
         done: list[str] = []
@@ -60,12 +74,18 @@ class Root:
             try:
                 target = os.readlink(self.host_path(candidate))
             except OSError as exc:
-                if exc.errno == errno.EINVAL:  # not a link
-                    done.append(part)
-                    continue
-                # Missing or unreadable: nothing more to resolve.
                 done.append(part)
-                done.extend(p for p in parts if p and p != ".")
+                if exc.errno == errno.EINVAL:  # not a link
+                    continue
+                # Missing or unreadable: no link left to follow, but the rest still goes
+                # through the same rules. Appended raw, a ".." would survive into a mount
+                # source, and runc would walk it up out of the driver root.
+                for rest in parts:
+                    if rest == "..":
+                        if done:
+                            done.pop()
+                    elif rest and rest != ".":
+                        done.append(rest)
                 break
             hops += 1
             if hops > _MAX_LINKS:
@@ -96,10 +116,6 @@ class Root:
         st = self.stat(node_path)
         return st is not None and stat.S_ISDIR(st.st_mode)
 
-    def is_socket(self, node_path: str) -> bool:
-        st = self.stat(node_path)
-        return st is not None and stat.S_ISSOCK(st.st_mode)
-
     def read_bytes(self, node_path: str, limit: int = _MAX_READ) -> bytes:
         """Contents of a file (links resolved inside the root). Raises DiscoveryError."""
         real = self.resolve(node_path)
@@ -123,3 +139,60 @@ class Root:
             return []
         except OSError as exc:
             raise DiscoveryError(f"cannot list {node_path} under {self.path}: {exc.strerror}") from exc
+
+    def root_only_entry(self, node_path: str, expected: EntryType) -> bool:
+        """Whether ``node_path`` is, without following any link, an ``expected`` entry
+        that only root can change: False if it is absent; DiscoveryError, naming the
+        component and why, if it is there but not safe to hand to a container.
+
+        The runtime binds the path again, following links, at every container start,
+        so a check of what it points to now is worth nothing unless no one but root
+        can change it later. Hence, from the root down: no component is a link (each
+        is opened ``O_PATH|O_NOFOLLOW`` relative to the one before, and that very
+        inode is checked: nothing can be swapped in between), every folder is
+        root's and writable by no one else, unless it is sticky like ``/tmp`` (there
+        only an entry's owner can move it, and the next component must be root's),
+        and the entry itself is of the expected type and root's; a directory entry
+        is writable by no one else either (its contents reach every container).
+        """
+        parts = node_path.split("/")[1:]
+        if not node_path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise DiscoveryError(f"{node_path!r} is not a clean absolute path")
+        try:
+            fd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise DiscoveryError(f"{self.path}: {exc.strerror}") from exc
+        try:
+            _check_folder(self.path, os.fstat(fd), sticky_ok=True)
+            for depth, name in enumerate(parts, 1):
+                shown = self.host_path("/".join(parts[:depth]))
+                try:
+                    child = os.open(name, _O_WALK, dir_fd=fd)
+                except FileNotFoundError:
+                    return False
+                except OSError as exc:
+                    raise DiscoveryError(f"{shown}: {exc.strerror}") from exc
+                os.close(fd)
+                fd = child
+                last = depth == len(parts)
+                st = os.fstat(fd)
+                want = _FORMAT[expected] if last else stat.S_IFDIR
+                if stat.S_IFMT(st.st_mode) != want:
+                    got = _TYPE_NAMES.get(stat.S_IFMT(st.st_mode), "of an unknown type")
+                    if stat.S_ISLNK(st.st_mode):
+                        raise DiscoveryError(f"{shown} is a symbolic link (links are never followed here)")
+                    raise DiscoveryError(f"{shown} is {got}, not {_TYPE_NAMES[want]}")
+                if stat.S_ISDIR(st.st_mode):
+                    _check_folder(shown, st, sticky_ok=not last)
+                elif st.st_uid != 0:
+                    raise DiscoveryError(f"{shown} is owned by uid {st.st_uid}, not root")
+            return True
+        finally:
+            os.close(fd)
+
+
+def _check_folder(shown: str, st: os.stat_result, *, sticky_ok: bool) -> None:
+    if st.st_uid != 0:
+        raise DiscoveryError(f"{shown} is owned by uid {st.st_uid}, not root")
+    if st.st_mode & 0o022 and not (sticky_ok and st.st_mode & stat.S_ISVTX):
+        raise DiscoveryError(f"{shown} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})")

@@ -108,6 +108,17 @@ OPTIONS: tuple[Option, ...] = (
         "sources handed to the runtime are translated back to host paths.",
     ),
     Option(
+        "engine",
+        "mps",
+        "false",
+        "Give compute containers the MPS control daemon's pipe folder /tmp/nvidia-mps\n"
+        "(read-only, as the persistenced and fabric manager sockets always are).\n"
+        "Security: /tmp belongs to every local account. The folder is taken only when no\n"
+        "link leads to it and it and /tmp are root's and writable by no one else (/tmp\n"
+        "sticky); otherwise it is skipped with a warning. Turn it on only where the MPS\n"
+        "daemon runs as root.",
+    ),
+    Option(
         "policy",
         "accept_env_unprivileged",
         "true",

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import shutil
+import socket
+import stat
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -138,3 +144,181 @@ def test_inventory_is_taken_again_when_the_driver_changes(tmp_path: Path) -> Non
 
 def test_fingerprint_of_a_node_without_driver(tmp_path: Path) -> None:
     assert fingerprint(EngineConfig(proc_root=str(tmp_path))) == ("", ())
+
+
+# -- IPC endpoints: planted by whoever can write /tmp or /run on the node --------------
+#
+# The walk from the driver root must never follow a link and must accept only what only
+# root can change later (runc binds the path again, following links, at every container
+# start): the expected type, owned by root, every folder on the way root-owned and not
+# writable by others (or sticky, like /tmp). These trees are real: real links, chown to
+# uid 1000, real listening sockets, FIFOs and device nodes.
+
+MPS, PERSISTENCED, FABRIC = "/tmp/nvidia-mps", "/run/nvidia-persistenced/socket", "/run/nvidia-fabricmanager/socket"
+
+
+_SOCKETS: list[socket.socket] = []  # listening sockets a test made, closed after it
+
+
+@pytest.fixture
+def ipc_node(tmp_path: Path) -> Iterator[SimNode]:
+    node = build_node(tmp_path / "node", gpus=1)
+    root = node.driver_root
+    (root / "tmp").mkdir(mode=0o755)
+    os.chmod(root / "tmp", 0o1777)  # the real /tmp: sticky, world-writable, root's
+    for sub in ("run", "run/nvidia-persistenced", "run/nvidia-fabricmanager", "elsewhere", "var/lib/nvidia"):
+        (root / sub).mkdir(mode=0o755, parents=True, exist_ok=True)
+    yield node
+    while _SOCKETS:
+        _SOCKETS.pop().close()
+
+
+def _listen(path: Path) -> None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    _SOCKETS.append(s)
+    s.bind(str(path))
+    s.listen(1)
+
+
+def _real_mps_dir(root: Path) -> None:
+    (root / "tmp/nvidia-mps").mkdir(mode=0o755)
+    os.chmod(root / "tmp/nvidia-mps", 0o755)
+
+
+def _ipc(node: SimNode, **engine: Any) -> tuple[dict[str, str], list[str]]:
+    config = dataclasses.replace(config_for(node), **engine)
+    inv = discover(config, cuda_version=no_cuda)
+    files = {f.path: f.source for f in inv.files if f.kind is FileKind.IPC}
+    return files, [w for w in inv.warnings if w.startswith("IPC endpoint")]
+
+
+def test_the_real_endpoints_are_found_without_links(ipc_node: SimNode) -> None:
+    root = ipc_node.driver_root
+    _real_mps_dir(root)
+    _listen(root / "run/nvidia-persistenced/socket")
+    _listen(root / "run/nvidia-fabricmanager/socket")
+    files, warnings = _ipc(ipc_node, mps=True)
+    assert files == {MPS: MPS, PERSISTENCED: PERSISTENCED, FABRIC: FABRIC}
+    assert warnings == []
+
+
+def test_the_mps_directory_is_opt_in(ipc_node: SimNode) -> None:
+    """/tmp is every local account's: the folder is only handed out when the operator says so."""
+    _real_mps_dir(ipc_node.driver_root)
+    files, warnings = _ipc(ipc_node)
+    assert MPS not in files and warnings == []
+
+
+def _symlink_to_root(root: Path) -> None:
+    os.symlink("/", root / "tmp/nvidia-mps")  # ln -s / /tmp/nvidia-mps by any local account
+
+
+def _symlink_to_root_owned_dir(root: Path) -> None:
+    os.symlink("/var/lib/nvidia", root / "tmp/nvidia-mps")
+
+
+def _dir_owned_by_1000(root: Path) -> None:
+    _real_mps_dir(root)
+    os.chown(root / "tmp/nvidia-mps", 1000, 1000)
+
+
+def _world_writable_dir(root: Path) -> None:
+    _real_mps_dir(root)
+    os.chmod(root / "tmp/nvidia-mps", 0o777)
+
+
+def _under_non_sticky_world_writable_tmp(root: Path) -> None:
+    _real_mps_dir(root)
+    os.chmod(root / "tmp", 0o777)  # anyone may rename the root-owned folder away and put a link there
+
+
+def _under_sticky_tmp_of_uid_1000(root: Path) -> None:
+    _real_mps_dir(root)
+    os.chown(root / "tmp", 1000, 1000)
+
+
+def _tmp_is_a_link(root: Path) -> None:
+    os.rmdir(root / "tmp")
+    (root / "elsewhere/tmp/nvidia-mps").mkdir(mode=0o755, parents=True)
+    os.chmod(root / "elsewhere/tmp", 0o1777)
+    os.symlink("elsewhere/tmp", root / "tmp")
+
+
+HOSTILE_MPS = {
+    "symlink-to-root": (_symlink_to_root, "symbolic link"),
+    "symlink-to-a-root-owned-dir": (_symlink_to_root_owned_dir, "symbolic link"),
+    "dir-owned-by-uid-1000": (_dir_owned_by_1000, "owned by uid 1000"),
+    "dir-writable-by-others": (_world_writable_dir, "writable by group or others"),
+    "under-non-sticky-world-writable-tmp": (_under_non_sticky_world_writable_tmp, "writable by group or others"),
+    "under-sticky-tmp-of-uid-1000": (_under_sticky_tmp_of_uid_1000, "owned by uid 1000"),
+    "tmp-is-a-symlink": (_tmp_is_a_link, "symbolic link"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_MPS))
+def test_a_planted_mps_directory_is_skipped_with_a_warning(ipc_node: SimNode, case: str) -> None:
+    plant, why = HOSTILE_MPS[case]
+    plant(ipc_node.driver_root)
+    files, warnings = _ipc(ipc_node, mps=True)
+    assert MPS not in files and "/" not in files.values()
+    assert len(warnings) == 1, warnings
+    assert ipc_node.driver_root.as_posix() + "/tmp" in warnings[0] and why in warnings[0], warnings
+
+
+def _fifo(root: Path) -> None:
+    os.mkfifo(root / PERSISTENCED.lstrip("/"))
+
+
+def _device_node(root: Path) -> None:
+    os.mknod(root / PERSISTENCED.lstrip("/"), 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+
+
+def _directory(root: Path) -> None:
+    (root / PERSISTENCED.lstrip("/")).mkdir()
+
+
+def _link_to_a_host_dir(root: Path) -> None:
+    os.symlink("/var/lib/nvidia", root / PERSISTENCED.lstrip("/"))
+
+
+def _link_to_a_real_socket(root: Path) -> None:
+    _listen(root / "elsewhere/socket")
+    os.symlink("/elsewhere/socket", root / PERSISTENCED.lstrip("/"))
+
+
+def _parent_is_a_link(root: Path) -> None:
+    os.rmdir(root / "run/nvidia-persistenced")
+    _listen(root / "elsewhere/socket")
+    os.symlink("../elsewhere", root / "run/nvidia-persistenced")
+
+
+def _socket_of_uid_1000(root: Path) -> None:
+    _listen(root / PERSISTENCED.lstrip("/"))
+    os.chown(root / PERSISTENCED.lstrip("/"), 1000, 1000)
+
+
+def _in_a_folder_of_uid_1000(root: Path) -> None:
+    _listen(root / PERSISTENCED.lstrip("/"))
+    os.chown(root / "run/nvidia-persistenced", 1000, 1000)
+
+
+HOSTILE_SOCKET = {
+    "fifo": (_fifo, "is a FIFO, not a socket"),
+    "device-node": (_device_node, "is a character device, not a socket"),
+    "directory": (_directory, "is a directory, not a socket"),
+    "symlink-to-a-host-dir": (_link_to_a_host_dir, "symbolic link"),
+    "symlink-to-a-real-socket": (_link_to_a_real_socket, "symbolic link"),
+    "parent-folder-is-a-symlink": (_parent_is_a_link, "symbolic link"),
+    "socket-owned-by-uid-1000": (_socket_of_uid_1000, "owned by uid 1000"),
+    "folder-owned-by-uid-1000": (_in_a_folder_of_uid_1000, "owned by uid 1000"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_SOCKET))
+def test_a_planted_socket_is_skipped_with_a_warning(ipc_node: SimNode, case: str) -> None:
+    plant, why = HOSTILE_SOCKET[case]
+    plant(ipc_node.driver_root)
+    files, warnings = _ipc(ipc_node, mps=True)
+    assert PERSISTENCED not in files
+    assert len(warnings) == 1, warnings
+    assert ipc_node.driver_root.as_posix() + "/run/nvidia-persistenced" in warnings[0] and why in warnings[0], warnings

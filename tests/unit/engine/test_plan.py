@@ -7,8 +7,13 @@ Golden files live in tests/golden/; ``NRI_GPU_UPDATE_GOLDEN=1`` rewrites them
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +22,8 @@ import pytest
 from engine.config import EngineConfig, Policy
 from engine.discover import discover
 from engine.errors import EngineError, RequestError, RequirementError, UnknownDeviceError
-from engine.model import Capability, Inventory
-from engine.plan import plan
+from engine.model import Capability, DriverFile, FileKind, Inventory
+from engine.plan import IPC_OPTIONS, plan
 from engine.report import inventory_to_dict, plan_to_dict
 from engine.request import ContainerInfo, parse_request
 from tests.testbed.gpunode import SimNode, build_node
@@ -260,5 +265,117 @@ def test_to_host_path(host_root: str, path: str, expected: str) -> None:
 
 
 def test_a_path_outside_the_host_root_is_refused() -> None:
-    with pytest.raises(EngineError, match=r"/hostile/lib is outside engine\.host_root /host"):
+    with pytest.raises(EngineError, match=r"'/hostile/lib' is outside engine\.host_root /host"):
         EngineConfig(host_root="/host").to_host_path("/hostile/lib")
+
+
+# The IPC mounts exactly as the runtime makes them (util-linux mount does what runc does
+# for a bind: bind, then remount with the flags), in a private mount namespace.
+_IPC_CLIENT = r"""
+import json, os, socket, subprocess, sys
+options, sock, sock_dst, mps, mps_dst = sys.argv[1:6]
+subprocess.run(["mount", "-t", "tmpfs", "tmpfs", mps + "/submount"], check=True)
+open(mps + "/submount/file", "w").close()
+for src, dst in ((sock, sock_dst), (mps, mps_dst)):
+    subprocess.run(["mount", "-o", options, src, dst], check=True)
+out = {}
+def attempt(name, action):
+    try:
+        action()
+        out[name] = "ok"
+    except OSError as exc:
+        out[name] = os.strerror(exc.errno)
+def connect():
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+        c.connect(sock_dst)
+        c.sendall(b"hello")
+def write_pipe():
+    fd = os.open(mps_dst + "/control", os.O_WRONLY | os.O_NONBLOCK)
+    os.write(fd, b"pipe")
+    os.close(fd)
+attempt("connect", connect)
+attempt("chmod socket", lambda: os.chmod(sock_dst, 0o600))
+attempt("write pipe", write_pipe)
+attempt("create in mps dir", lambda: open(mps_dst + "/planted", "w").close())
+attempt("chmod mps dir", lambda: os.chmod(mps_dst, 0o777))
+out["submount visible"] = os.path.exists(mps_dst + "/submount/file")
+print(json.dumps(out))
+"""
+
+
+def test_ipc_endpoints_are_read_only_plain_binds_that_clients_still_use(tmp_path: Path) -> None:
+    """connect(2) needs write permission on the socket's inode, not a writable mount, and
+    a FIFO opens for writing on a read-only mount: so the endpoints go in read-only, and a
+    container (root in it, or not) can neither chmod the host's socket nor plant files in
+    the host's MPS folder. A plain bind: nothing mounted under the folder comes along."""
+    sock, mps = tmp_path / "socket", tmp_path / "nvidia-mps"
+    (mps / "submount").mkdir(parents=True)
+    os.mkfifo(mps / "control")
+    (tmp_path / "socket-dst").touch()
+    (tmp_path / "mps-dst").mkdir()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(sock))
+        server.listen(1)
+        reader = os.open(mps / "control", os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            options = ",".join(o for o in IPC_OPTIONS if o != "rprivate")  # propagation is no -o flag
+            done = subprocess.run(
+                ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", _IPC_CLIENT, options,
+                 str(sock), str(tmp_path / "socket-dst"), str(mps), str(tmp_path / "mps-dst")],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            conn, _ = server.accept()
+            with conn:
+                assert conn.recv(16) == b"hello"
+            assert os.read(reader, 16) == b"pipe"
+        finally:
+            os.close(reader)
+    assert json.loads(done.stdout) == {
+        "connect": "ok",
+        "chmod socket": "Read-only file system",
+        "write pipe": "ok",
+        "create in mps dir": "Read-only file system",
+        "chmod mps dir": "Read-only file system",
+        "submount visible": False,
+    }
+    assert not (mps / "planted").exists()
+
+
+@pytest.mark.parametrize(
+    ("host_root", "path"),
+    [
+        ("/host", "/host/../etc/shadow"),  # a string prefix match, but the host's /etc
+        ("/host", "/host/run/../../etc/shadow"),
+        ("/host", "/host/./run/nvidia"),
+        ("/host", "/host//run/nvidia"),
+        ("/host", "host/run/nvidia"),
+        ("/", "/run/nvidia/driver/missing/../../../../etc/shadow"),
+        ("/", "run/nvidia/driver"),
+        ("/", "/run/nvidia/driver/."),
+    ],
+)
+def test_a_mount_source_that_is_not_a_clean_absolute_path_is_refused(host_root: str, path: str) -> None:
+    """runc resolves ``..`` in a mount source itself (through links, too): what we checked
+    and what it binds would differ. The message names the path."""
+    with pytest.raises(EngineError, match=re.escape(repr(path))):
+        EngineConfig(host_root=host_root).to_host_path(path)
+
+
+def test_a_planned_mount_source_with_dotdot_is_refused_not_emitted(four: Node) -> None:
+    """Defence in depth: an inventory path that climbs out of the driver root never
+    reaches the runtime, whatever discovery let through."""
+    hostile = DriverFile("/usr/bin/nvidia-smi", "/missing/../../../../etc/shadow", FileKind.BINARY, frozenset())
+    inventory = dataclasses.replace(four.inventory, files=(hostile,))
+    info = ContainerInfo(name="main", env={"NVIDIA_VISIBLE_DEVICES": "0"})
+    outcome = parse_request(info, four.config.policy)
+    assert outcome.request is not None
+    with pytest.raises(EngineError, match=re.escape("/missing/../../../../etc/shadow")):
+        plan(outcome.request, inventory, four.config)
+
+
+def test_roots_are_normalised_and_dotdot_in_a_root_is_refused() -> None:
+    config = EngineConfig(driver_root="/host/run/nvidia/driver/", host_root="/host/")
+    assert (config.driver_root, config.host_root) == ("/host/run/nvidia/driver", "/host")
+    with pytest.raises(EngineError, match=r"engine\.driver_root: '/host/run/\.\./etc'"):
+        EngineConfig(driver_root="/host/run/../etc")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import posixpath
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,20 @@ def test_read_limit(tree: Path) -> None:
 def test_relative_root_is_refused() -> None:
     with pytest.raises(DiscoveryError, match="must be an absolute path"):
         Root("relative/dir")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/run/nvidia/driver/missing/../../../../etc/shadow",  # the rest after a missing folder
+        "/etc/shadow/../../../../etc/passwd",  # a file where a folder should be (ENOTDIR)
+        "/missing/./../../..//etc/./shadow",
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1/../../../../..",
+    ],
+)
+def test_resolve_always_gives_a_clean_path_inside_the_root(tree: Path, path: str) -> None:
+    """A missing component ends link resolution, but never lets ``..`` or ``.`` through:
+    the answer becomes a mount source, and runc would walk a raw ``..`` out of the root."""
+    resolved = Root(str(tree)).resolve(path)
+    assert resolved.startswith("/") and posixpath.normpath(resolved) == resolved, resolved
+    assert ".." not in resolved.split("/") and "//" not in resolved, resolved
