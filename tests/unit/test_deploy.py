@@ -278,18 +278,17 @@ def test_configmap_config_loads_and_agrees_with_the_pod(plain: dict[str, dict[st
     mounts = _mounts(plain)
     # The config file is the ConfigMap's key, where the pod mounts it.
     directory, _, key = _config_path(plain).rpartition("/")
-    (mount, volume) = next(mv for mv in mounts.values() if mv[0]["mountPath"] == directory)
+    (_, volume) = next(mv for mv in mounts.values() if mv[0]["mountPath"] == directory)
     assert volume["configMap"]["name"] == plain["ConfigMap"]["metadata"]["name"] and key in plain["ConfigMap"]["data"]
     # The NRI socket's directory comes from the host at the same path.
     socket_dir = settings.plugin.socket.rpartition("/")[0]
-    (mount, volume) = next(mv for mv in mounts.values() if mv[0]["mountPath"] == socket_dir)
+    (_, volume) = next(mv for mv in mounts.values() if mv[0]["mountPath"] == socket_dir)
     assert volume["hostPath"]["path"] == socket_dir
-    # The host's / is at host_root, read-only, with later host mounts propagating; the
-    # driver and dev roots are read through it; /proc is the host's through hostPID.
+    # The host's / is at host_root; the driver and dev roots are read through it; /proc
+    # is the host's through hostPID. (How each is mounted: test_daemonset_grants_the_least_that_works.)
     engine = settings.engine
-    (mount, volume) = next(mv for mv in mounts.values() if mv[0]["mountPath"] == engine.host_root)
+    (_, volume) = next(mv for mv in mounts.values() if mv[0]["mountPath"] == engine.host_root)
     assert volume["hostPath"]["path"] == "/"
-    assert mount["readOnly"] is True and mount["mountPropagation"] == "HostToContainer"
     for root in (engine.driver_root, engine.dev_root):
         assert engine.to_host_path(root).startswith("/"), root
     assert engine.proc_root == "/proc" and _pod(plain)["hostPID"] is True
@@ -303,20 +302,83 @@ def test_daemonset_probes_reach_the_metrics_endpoint(plain: dict[str, dict[str, 
     for probe in ("livenessProbe", "readinessProbe"):
         get = container[probe]["httpGet"]
         assert (get["path"], get["port"]) == ("/healthz", port), probe
-        # hostNetwork: the kubelet's 127.0.0.1 is the plugin's.
-        assert get["host"] == "127.0.0.1" and host in ("127.0.0.1", "0.0.0.0"), probe
-    assert _pod(plain)["hostNetwork"] is True
+        # The pod has its own network namespace: the kubelet probes the pod's address,
+        # so the server listens on every address of that namespace (and on no node port).
+        assert "host" not in get and host == "0.0.0.0", probe
+    assert not _pod(plain).get("hostNetwork")
 
 
 def test_daemonset_is_the_node_plugin_the_image_builder_builds(plain: dict[str, dict[str, Any]]) -> None:
     pod = _pod(plain)
     container = _container(plain)
     assert container["image"] == plugin_image.IMAGE
-    assert container["securityContext"] == {"privileged": True}
     assert pod["hostPID"] is True
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     labels = plain["DaemonSet"]["spec"]["selector"]["matchLabels"]
     assert labels.items() <= plain["DaemonSet"]["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_daemonset_grants_the_least_that_works(plain: dict[str, dict[str, Any]]) -> None:
+    """Issue 12, item 13: each privilege the pod keeps is one the plugin uses
+    (tests/e2e/test_daemonset.py runs exactly this pod); the rest are gone."""
+    pod, container = _pod(plain), _container(plain)
+    # Its own network namespace: no local user can take the probe port first.
+    assert not pod.get("hostNetwork") and not pod.get("hostIPC")
+    # It never talks to the API server.
+    assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    # Bounded: a leak or a bomb is killed by the kernel, not the node.
+    assert container["resources"]["limits"]["memory"]
+    assert container["resources"]["requests"]["memory"] and container["resources"]["requests"]["cpu"]
+    # Tolerates the GPU taint only; the DaemonSet controller adds the node-condition ones.
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    mounts = _mounts(plain)
+    settings = _settings(plain["ConfigMap"])
+    # Every mount read-only; the host's / recursively so (its /run, /dev, /sys too),
+    # which Kubernetes allows only without propagation.
+    for name, (mount, _) in mounts.items():
+        assert mount["readOnly"] is True, name
+    (host, _) = next(mv for mv in mounts.values() if mv[0]["mountPath"] == settings.engine.host_root)
+    assert host["recursiveReadOnly"] == "Enabled" and host["mountPropagation"] == "None"
+    # The NRI socket: its directory only (a runtime restart makes a new socket inode
+    # there), read-only (connect(2) needs write permission on the socket, not the mount).
+    socket_dir = settings.plugin.socket.rpartition("/")[0]
+    (nri, volume) = next(mv for mv in mounts.values() if mv[0]["mountPath"] == socket_dir)
+    assert volume["hostPath"] == {"path": socket_dir, "type": "Directory"} and "mountPropagation" not in nri
+
+
+_CONNECT_THROUGH_RO_BIND = r"""
+import os, socket, subprocess, sys
+base = sys.argv[1]
+os.makedirs(f"{base}/host/nri"); os.makedirs(f"{base}/pod/nri")
+server = socket.socket(socket.AF_UNIX); server.bind(f"{base}/host/nri/nri.sock"); server.listen(1)
+for args in (["--bind", f"{base}/host/nri", f"{base}/pod/nri"], ["-o", "remount,bind,ro", f"{base}/pod/nri"]):
+    subprocess.run(["mount", *args], check=True)
+try:
+    open(f"{base}/pod/nri/x", "w")
+except OSError as exc:
+    print("write:", exc.strerror)
+client = socket.socket(socket.AF_UNIX); client.connect(f"{base}/pod/nri/nri.sock")
+conn, _ = server.accept(); client.sendall(b"ping"); print("got:", conn.recv(4).decode())
+"""
+
+
+def test_nri_socket_connects_through_a_read_only_bind_mount(tmp_path: Path) -> None:
+    """What lets the DaemonSet mount the NRI socket's directory read-only: a Unix
+    socket is reached through a read-only bind mount of its directory (the kernel
+    checks write permission on the socket inode, not whether the mount is writable)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare(1) for a private mount namespace")
+    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-c",
+                           _CONNECT_THROUGH_RO_BIND, str(tmp_path)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["write: Read-only file system", "got: ping"]
 
 
 # --------------------------------------------------------------------------- Helm chart
@@ -374,6 +436,19 @@ def test_chart_values_reach_the_config_and_the_pod() -> None:
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert mounts["nri"] == volumes["nri"]["hostPath"]["path"] == "/run/nri"
     assert mounts["host"] == "/node"
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("IfPossible", {"recursiveReadOnly": "IfPossible", "mountPropagation": "None"}),
+    ("", {"mountPropagation": "HostToContainer"}),
+], ids=["if-possible", "containerd-1.7-propagating"])
+def test_chart_host_mount_fallbacks(value: str, expected: dict[str, str]) -> None:
+    """Where the runtime has no recursive read-only mounts (containerd 1.7), the chart
+    offers the documented fallbacks; each keeps the host's / read-only at the top."""
+    (container,) = _rendered(**{"hostMount.recursiveReadOnly": value})["DaemonSet"]["spec"]["template"]["spec"][
+        "containers"]
+    (host,) = [m for m in container["volumeMounts"] if m["name"] == "host"]
+    assert host == {"name": "host", "mountPath": "/host", "readOnly": True, **expected}
 
 
 def test_chart_without_metrics_has_no_probes() -> None:
