@@ -28,9 +28,13 @@ from engine.errors import EngineError
 from engine.hook import HOOK_TIME_LIMIT, STATE_LIMIT, run_hook, time_limit, work_timeout
 from engine.model import Capability
 from engine.request import parse_capabilities
+from plugin.hook_install import check_install
 
 COMMANDS = ("cdi", "hook")
 _EXECUTABLE = "nri-gpu"
+# Where the README installs the hook: root's own, named by every spec.
+INSTALL_VENV = "/usr/local/lib/nri-gpu/venv"
+INSTALL_LINK = "/usr/local/bin/nri-gpu"
 
 
 def add_commands(commands: Any, add_roots: Any) -> None:
@@ -45,6 +49,11 @@ def add_commands(commands: Any, add_roots: Any) -> None:
         help="driver capabilities the spec gives, as NVIDIA_DRIVER_CAPABILITIES (default utility,compute)",
     )
     cdi.add_argument("--hook-path", metavar="PATH", help="absolute path of nri-gpu on the host (default: this nri-gpu)")
+    cdi.add_argument(
+        "--allow-untrusted-hook",
+        action="store_true",
+        help="INSECURE: write the spec even when users other than root can change the hook's files (tests only)",
+    )
     cdi.add_argument("--ldconfig", metavar="PATH", help="the host's static ldconfig the hook runs (--ld-cache rebuild)")
     cdi.add_argument("--ld-cache", choices=LD_CACHE_MODES, help="how the hook updates the ld.so cache (default merge)")
     add_roots(cdi)
@@ -99,6 +108,8 @@ def generate(args: argparse.Namespace, engine: EngineConfig, argv0: str) -> int:
     if hook_path is None:
         print("nri-gpu: cannot tell where nri-gpu is installed; pass --hook-path", file=sys.stderr)
         return 2
+    if not _hook_is_trusted(hook_path, args.allow_untrusted_hook):
+        return 1
     try:
         caps = _capabilities(args.capabilities, engine)
         hook = hook_command(hook_path, engine, caps)
@@ -115,6 +126,32 @@ def generate(args: argparse.Namespace, engine: EngineConfig, argv0: str) -> int:
         print(f"nri-gpu: {args.output}: {exc.strerror}", file=sys.stderr)
         return 1
     return 0
+
+
+def _hook_is_trusted(hook_path: str, allow: bool) -> bool:
+    """Refuse (False, with the reasons) a hook that users other than root can
+    change; with ``allow``, say loudly that the spec is unsafe and go on."""
+    problems = check_install(hook_path)
+    if not problems:
+        return True
+    if allow:
+        lines = [
+            f"nri-gpu: WARNING: --allow-untrusted-hook: the spec's hook {hook_path} runs as root at every GPU "
+            "container start, and users other than root can change what it runs:",
+            *(f"nri-gpu: WARNING:   {p}" for p in problems),
+            "nri-gpu: WARNING: use this spec for tests only",
+        ]
+    else:
+        lines = [
+            f"nri-gpu: refused: the spec's hook {hook_path} would run as root at every GPU container start, "
+            "and users other than root can change what it runs:",
+            *(f"nri-gpu:   {p}" for p in problems),
+            f"nri-gpu: install nri-gpu where only root can write (as root: python3 -m venv {INSTALL_VENV}; "
+            f"{INSTALL_VENV}/bin/pip install <nri-gpu>; ln -s {INSTALL_VENV}/bin/nri-gpu {INSTALL_LINK}) and run "
+            f"{INSTALL_LINK} cdi generate, or pass --hook-path",
+        ]
+    print("\n".join(lines), file=sys.stderr)
+    return allow
 
 
 def _write_atomically(path: str, data: bytes) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import time
@@ -14,6 +15,9 @@ import pytest
 from plugin.__main__ import main
 from tests.testbed.gpunode import SimNode, build_node
 
+# These tests are about the spec's content: its hook path names no real file.
+UNCHECKED = ["--allow-untrusted-hook"]
+
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
@@ -22,7 +26,16 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
 
 def test_generate_writes_the_spec_file(node: SimNode, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "nvidia.json"
-    argv = ["cdi", "generate", *node.flags(), "--hook-path", "/opt/nri-gpu/bin/nri-gpu", "--output", str(out)]
+    argv = [
+        "cdi",
+        "generate",
+        *node.flags(),
+        "--hook-path",
+        "/opt/nri-gpu/bin/nri-gpu",
+        "--output",
+        str(out),
+        *UNCHECKED,
+    ]
     assert main(argv) == 0
     spec = json.loads(out.read_text())
     assert [d["name"] for d in spec["devices"]][-1] == "all"
@@ -34,14 +47,56 @@ def test_generate_writes_the_spec_file(node: SimNode, tmp_path: Path, capsys: py
 
 
 def test_generate_caps_and_refusals(node: SimNode, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["cdi", "generate", *node.flags(), "--hook-path", "/x/nri-gpu", "--capabilities", "all"]) == 0
+    assert (
+        main(["cdi", "generate", *node.flags(), "--hook-path", "/x/nri-gpu", "--capabilities", "all", *UNCHECKED]) == 0
+    )
     env = json.loads(capsys.readouterr().out)["containerEdits"]["env"]
     assert "NVIDIA_DRIVER_CAPABILITIES=compat32,compute,display,graphics,ngx,utility,video" in env
-    assert main(["cdi", "generate", *node.flags(), "--hook-path", "/x/nri-gpu", "--capabilities", "warp"]) == 1
+    assert (
+        main(["cdi", "generate", *node.flags(), "--hook-path", "/x/nri-gpu", "--capabilities", "warp", *UNCHECKED]) == 1
+    )
     assert '--capabilities "warp": unknown capability' in capsys.readouterr().err
     empty = tmp_path / "empty"
-    assert main(["cdi", "generate", "--proc-root", str(empty), "--hook-path", "/x/nri-gpu"]) == 1
+    assert main(["cdi", "generate", "--proc-root", str(empty), "--hook-path", "/x/nri-gpu", *UNCHECKED]) == 1
     assert "a CDI spec needs at least one device" in capsys.readouterr().err
+
+
+def users_copy_of_nri_gpu(tmp_path: Path) -> Path:
+    """``nri-gpu`` in a folder of uid 1000's, as in a user's own checkout."""
+    home = tmp_path / "home" / "alice"
+    (home / "bin").mkdir(parents=True)
+    hook = home / "bin" / "nri-gpu"
+    hook.write_bytes(Path(sys.executable).with_name("nri-gpu").read_bytes())
+    hook.chmod(0o755)
+    os.chown(home, 1000, 1000)
+    return hook
+
+
+def test_generate_refuses_a_hook_a_user_can_change(
+    node: SimNode, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # sudo ~alice/bin/nri-gpu cdi generate: every GPU container start would run,
+    # as root, whatever alice puts there later.
+    hook = users_copy_of_nri_gpu(tmp_path)
+    out = tmp_path / "nvidia.json"
+    assert main(["cdi", "generate", *node.flags(), "--hook-path", str(hook), "--output", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"nri-gpu: refused: the spec's hook {hook} would run as root at every GPU container start" in err
+    assert f"{hook.parent.parent} is owned by uid 1000, not root" in err
+    assert "/usr/local/lib/nri-gpu/venv" in err  # where to install it instead
+    assert not out.exists()
+
+
+def test_generate_with_an_untrusted_hook_only_when_asked_and_loudly(
+    node: SimNode, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hook = users_copy_of_nri_gpu(tmp_path)
+    out = tmp_path / "nvidia.json"
+    argv = ["cdi", "generate", *node.flags(), "--hook-path", str(hook), "--output", str(out)]
+    assert main([*argv, "--allow-untrusted-hook"]) == 0
+    err = capsys.readouterr().err
+    assert "WARNING: --allow-untrusted-hook" in err and f"{hook.parent.parent} is owned by uid 1000" in err
+    assert json.loads(out.read_text())["containerEdits"]["hooks"][0]["path"] == str(hook)
 
 
 def test_hook_names_bad_input(

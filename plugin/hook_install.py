@@ -1,0 +1,239 @@
+"""Where the CDI hook is installed, checked before a spec names it.
+
+The spec's hook runs as root at every start of a GPU container, from whatever
+``nri-gpu`` wrote the spec: ``sudo ~user/src/nri-gpu/.venv/bin/nri-gpu cdi
+generate`` would make every root runtime of the node run, as root, whatever
+that user later puts in that checkout. So ``cdi generate`` refuses a hook that
+anyone but root can change:
+
+* the executable, its ``#!`` interpreter, and every directory on the way to
+  them (symlinks followed as the kernel follows them, each directory a name is
+  looked up in checked);
+* every directory the hook imports from: the interpreter's ``sys.path`` as the
+  hook has it (``-I``, the CDI env's equivalent) and the folders of ``plugin``
+  and ``engine``, each with everything under it.
+
+"Anyone but root can change" means: not owned by uid 0, or writable by its
+group or by others. A directory on the way may be writable by others if it is
+sticky and root-owned (``/tmp``): no one else can then replace an entry of
+root's. A directory imported from may not: anyone could add a module to it.
+
+The interpreter is asked where it imports from, in two steps, so that nothing
+that is not yet checked runs: first without ``site`` (``-I -S``: the standard
+library and the folders ``site`` would read ``.pth`` files from), then, once
+those are checked, with it (``-I``: ``.pth`` files, editable installs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from collections.abc import Iterable
+
+__all__ = ["check_file", "check_install", "check_tree", "import_dirs"]
+
+_HOPS = 40  # symlinks followed in one path, as the kernel's limit
+_SHEBANG_LIMIT = 256  # what the kernel reads of a script's #! line
+_QUERY_TIMEOUT = 10.0
+_MAX_PROBLEMS = 20
+
+# -I -S: the standard library's folders, and every folder ``site`` would read
+# .pth files from (the base installation's and, in a venv, the venv's).
+_BASE_QUERY = """
+import json, os, site, sys
+venv = os.path.dirname(os.path.dirname(os.path.abspath(sys.executable)))
+configs = [os.path.join(venv, "pyvenv.cfg"), os.path.join(venv, "bin", "pyvenv.cfg")]
+sites = site.getsitepackages()
+if any(os.path.isfile(c) for c in configs):
+    sites += site.getsitepackages([venv])
+print(json.dumps({"path": sys.path, "site": sites, "configs": configs}))
+"""
+# -I: the hook's own sys.path, and where its packages are (found, not imported).
+_FULL_QUERY = """
+import importlib.util, json, sys
+found = {n: importlib.util.find_spec(n) for n in ("plugin", "engine")}
+dirs = {n: list(s.submodule_search_locations or []) if s else [] for n, s in found.items()}
+print(json.dumps({"path": sys.path, "packages": dirs}))
+"""
+
+
+def _owner_problem(path: str, info: os.stat_result, *, sticky_ok: bool) -> str | None:
+    if info.st_uid != 0:
+        return f"{path} is owned by uid {info.st_uid}, not root"
+    if info.st_mode & 0o022 and not (sticky_ok and info.st_mode & stat.S_ISVTX):
+        who = {0o020: "its group", 0o002: "others"}.get(info.st_mode & 0o022, "its group and others")
+        return f"{path} is writable by {who} (mode {stat.S_IMODE(info.st_mode):04o})"
+    return None
+
+
+def _resolve(path: str, problems: list[str], *, missing_ok: bool = False) -> tuple[str, os.stat_result] | None:
+    """Follow ``path`` from ``/`` as the kernel would, checking every directory a
+    name is looked up in; the resolved path and its lstat, or None (with a
+    problem, unless it is missing, ``missing_ok``, and no one else could create it)."""
+    if not path.startswith("/"):
+        problems.append(f"{path} is not an absolute path")
+        return None
+    parts = [p for p in path.split("/") if p]
+    current, hops = "/", _HOPS
+    info = os.lstat("/")
+    while parts:
+        problem = _owner_problem(current, info, sticky_ok=True)
+        if problem:
+            problems.append(problem)
+            return None
+        name = parts.pop(0)
+        if name == ".":
+            continue
+        if name == "..":
+            current = os.path.dirname(current)  # already resolved: its parent is the real one
+            info = os.lstat(current)
+            continue
+        candidate = os.path.join(current, name)
+        try:
+            entry = os.lstat(candidate)
+        except FileNotFoundError:
+            # Missing is harmless only where no one else can create it.
+            if not missing_ok:
+                problems.append(f"{candidate} is missing")
+            elif problem := _owner_problem(current, info, sticky_ok=False):
+                problems.append(f"{candidate} is missing, and anyone could create it: {problem}")
+            return None
+        except OSError as exc:
+            problems.append(f"{candidate} cannot be checked: {exc.strerror}")
+            return None
+        if stat.S_ISLNK(entry.st_mode):
+            hops -= 1
+            if hops < 0:
+                problems.append(f"{path}: too many symbolic links")
+                return None
+            target = os.readlink(candidate)
+            parts = [p for p in target.split("/") if p] + parts
+            if target.startswith("/"):
+                current, info = "/", os.lstat("/")
+            continue
+        if parts and not stat.S_ISDIR(entry.st_mode):
+            problems.append(f"{candidate} is not a directory")
+            return None
+        current, info = candidate, entry
+    return current, info
+
+
+def check_file(path: str) -> list[str]:
+    """Problems with running ``path``: it, and every directory on the way to it."""
+    problems: list[str] = []
+    found = _resolve(path, problems)
+    if found is not None:
+        real, info = found
+        if not stat.S_ISREG(info.st_mode):
+            problems.append(f"{real} is not a regular file")
+        elif problem := _owner_problem(real, info, sticky_ok=False):
+            problems.append(problem)
+    return problems
+
+
+def check_tree(path: str, *, missing_ok: bool = True, seen: set[tuple[int, int]] | None = None) -> list[str]:
+    """Problems with importing from the folder ``path``: the way to it, it, and
+    everything under it (links inside are followed and checked the same way)."""
+    problems: list[str] = []
+    seen = set() if seen is None else seen
+    found = _resolve(path, problems, missing_ok=missing_ok)
+    if found is not None:
+        _walk(*found, problems, seen)
+    return problems
+
+
+def _walk(top: str, info: os.stat_result, problems: list[str], seen: set[tuple[int, int]]) -> None:
+    stack = [(top, info)]
+    while stack and len(problems) < _MAX_PROBLEMS:
+        path, entry = stack.pop()
+        if (entry.st_dev, entry.st_ino) in seen:
+            continue
+        seen.add((entry.st_dev, entry.st_ino))
+        if problem := _owner_problem(path, entry, sticky_ok=False):
+            problems.append(problem)
+        if not stat.S_ISDIR(entry.st_mode):
+            continue
+        try:
+            children = list(os.scandir(path))
+        except OSError as exc:
+            problems.append(f"{path} cannot be listed: {exc.strerror}")
+            continue
+        for child in children:
+            child_info = child.stat(follow_symlinks=False)
+            if stat.S_ISLNK(child_info.st_mode):
+                target = _resolve(child.path, problems, missing_ok=True)
+                if target is not None:
+                    stack.append(target)
+            else:
+                stack.append((child.path, child_info))
+
+
+def interpreter(executable: str) -> str | None:
+    """The interpreter a script's ``#!`` line names, or None for a binary."""
+    with open(executable, "rb") as f:
+        head = f.read(_SHEBANG_LIMIT)
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].split()
+    return os.fsdecode(words[0]) if words else ""
+
+
+def _query(interp: str, flags: Iterable[str], code: str) -> dict[str, object]:
+    done = subprocess.run(
+        [interp, *flags, "-c", code], capture_output=True, env={}, cwd="/", timeout=_QUERY_TIMEOUT, check=False
+    )
+    if done.returncode != 0:
+        raise ValueError(f"{interp} cannot be asked where it imports from (is it Python?): {done.stderr[-300:]!r}")
+    value = json.loads(done.stdout)
+    if not isinstance(value, dict):
+        raise ValueError(f"{interp} answered {done.stdout[:100]!r}")
+    return value
+
+
+def _strings(value: object) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def import_dirs(interp: str) -> tuple[list[str], list[str]]:
+    """(directories, problems): where ``interp`` imports the hook from, each checked.
+
+    Raises ValueError when ``interp`` cannot be asked (not Python, or it failed)."""
+    seen: set[tuple[int, int]] = set()
+    base = _query(interp, ("-I", "-S"), _BASE_QUERY)
+    dirs = [*_strings(base.get("path")), *_strings(base.get("site"))]
+    problems = [p for d in dirs for p in check_tree(d, seen=seen)]
+    problems += [p for c in _strings(base.get("configs")) if os.path.lexists(c) for p in check_file(c)]
+    if problems:
+        return dirs, problems  # site would run .pth files from there: ask no further
+    full = _query(interp, ("-I",), _FULL_QUERY)
+    packages = full.get("packages")
+    found = {n: _strings(d) for n, d in packages.items()} if isinstance(packages, dict) else {}
+    for name in ("plugin", "engine"):
+        if not found.get(name):
+            problems.append(f"{interp} does not import nri-gpu's package {name!r}")
+    more = [*_strings(full.get("path")), *(d for ds in found.values() for d in ds)]
+    problems += [p for d in more for p in check_tree(d, seen=seen)]
+    return dirs + [d for d in more if d not in dirs], problems
+
+
+def check_install(executable: str) -> list[str]:
+    """Every reason a non-root user could change what ``executable`` runs; [] when none.
+
+    ``executable`` must be a script whose ``#!`` line names a Python interpreter
+    by its absolute path (a console script, as pip writes it)."""
+    problems = check_file(executable)
+    if problems:
+        return problems
+    interp = interpreter(executable)
+    if not interp or not interp.startswith("/") or os.path.basename(interp) == "env":
+        return [f"{executable} is not a script whose #! line names its Python interpreter by absolute path"]
+    problems = check_file(interp)
+    if problems:
+        return [f"{executable}'s interpreter: {p}" for p in problems]
+    try:
+        _, problems = import_dirs(interp)
+    except (ValueError, OSError, subprocess.TimeoutExpired) as exc:
+        return [str(exc)]
+    return problems[:_MAX_PROBLEMS]

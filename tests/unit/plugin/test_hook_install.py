@@ -1,0 +1,196 @@
+"""Where the CDI hook is installed, checked (plugin.hook_install), on real files.
+
+Every tree is built here, as root, under pytest's private directory (on the way
+through the sticky, root-owned /tmp): owned by uid 1000 or given mode 0777
+where a test says so. The one test that needs a Python interpreter it can trust
+uses a venv of the interpreter running the tests, and is skipped, with the
+reason, where that interpreter itself is not root's alone.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from plugin.hook_install import check_file, check_install, check_tree
+
+USER = 1000
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="builds files owned by another user: needs root")
+
+
+def tree(root: Path, *files: str, mode: int = 0o755) -> Path:
+    """Root-owned files (mode ``mode``) and the folders to them, under ``root``."""
+    for name in files:
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("#!/bin/sh\n")
+        path.chmod(mode)
+    return root
+
+
+def test_a_root_owned_file_on_a_root_owned_path_is_fine(tmp_path: Path) -> None:
+    tree(tmp_path, "opt/bin/nri-gpu")
+    assert check_file(str(tmp_path / "opt/bin/nri-gpu")) == []
+    assert check_tree(str(tmp_path / "opt")) == []
+
+
+def test_a_folder_on_the_way_owned_by_a_user(tmp_path: Path) -> None:
+    tree(tmp_path, "home/alice/src/nri-gpu")
+    os.chown(tmp_path / "home/alice", USER, USER)
+    assert check_file(str(tmp_path / "home/alice/src/nri-gpu")) == [
+        f"{tmp_path}/home/alice is owned by uid 1000, not root"
+    ]
+
+
+def test_a_world_writable_folder_on_the_way(tmp_path: Path) -> None:
+    tree(tmp_path, "shared/bin/nri-gpu")
+    (tmp_path / "shared").chmod(0o777)
+    assert check_file(str(tmp_path / "shared/bin/nri-gpu")) == [
+        f"{tmp_path}/shared is writable by its group and others (mode 0777)"
+    ]
+    (tmp_path / "shared").chmod(0o775)
+    assert check_file(str(tmp_path / "shared/bin/nri-gpu")) == [
+        f"{tmp_path}/shared is writable by its group (mode 0775)"
+    ]
+
+
+def test_a_sticky_root_folder_on_the_way_is_fine_but_not_to_import_from(tmp_path: Path) -> None:
+    # No one else can rename or remove root's entry of a sticky folder (as /tmp),
+    # but anyone can add a module to it.
+    tree(tmp_path, "tmp/lib/nri-gpu")
+    (tmp_path / "tmp").chmod(0o1777)
+    assert check_file(str(tmp_path / "tmp/lib/nri-gpu")) == []
+    assert check_tree(str(tmp_path / "tmp")) == [f"{tmp_path}/tmp is writable by its group and others (mode 1777)"]
+
+
+def test_the_file_itself(tmp_path: Path) -> None:
+    tree(tmp_path, "bin/mine", "bin/open")
+    os.chown(tmp_path / "bin/mine", USER, USER)
+    (tmp_path / "bin/open").chmod(0o757)
+    assert check_file(str(tmp_path / "bin/mine")) == [f"{tmp_path}/bin/mine is owned by uid 1000, not root"]
+    assert check_file(str(tmp_path / "bin/open")) == [f"{tmp_path}/bin/open is writable by others (mode 0757)"]
+    assert check_file(str(tmp_path / "bin")) == [f"{tmp_path}/bin is not a regular file"]
+    assert check_file(str(tmp_path / "bin/gone")) == [f"{tmp_path}/bin/gone is missing"]
+    assert check_file("bin/nri-gpu") == ["bin/nri-gpu is not an absolute path"]
+
+
+def test_links_are_followed_and_each_folder_on_their_way_checked(tmp_path: Path) -> None:
+    # /trusted/bin/nri-gpu -> /alice/link -> /trusted/real: the file at the end is
+    # root's, but alice can point her link elsewhere at any time.
+    tree(tmp_path, "trusted/real", "trusted/bin/x")
+    alice = tmp_path / "alice"
+    alice.mkdir()
+    (alice / "link").symlink_to(tmp_path / "trusted/real")
+    os.chown(alice, USER, USER)
+    (tmp_path / "trusted/bin/nri-gpu").symlink_to("../../alice/link")
+    assert check_file(str(tmp_path / "trusted/bin/nri-gpu")) == [f"{alice} is owned by uid 1000, not root"]
+    # A link to a root file through root's folders only is fine.
+    (tmp_path / "trusted/bin/ok").symlink_to(tmp_path / "trusted/real")
+    assert check_file(str(tmp_path / "trusted/bin/ok")) == []
+
+
+def test_anything_under_a_folder_imported_from(tmp_path: Path) -> None:
+    site = tree(tmp_path / "site", "pkg/__init__.py", "pkg/sub/deep.py", "evil.pth", mode=0o644)
+    assert check_tree(str(site)) == []
+    os.chown(site / "pkg/sub/deep.py", USER, USER)
+    (site / "evil.pth").chmod(0o666)
+    assert sorted(check_tree(str(site))) == [
+        f"{site}/evil.pth is writable by its group and others (mode 0666)",
+        f"{site}/pkg/sub/deep.py is owned by uid 1000, not root",
+    ]
+
+
+def test_a_link_inside_a_folder_imported_from_is_followed(tmp_path: Path) -> None:
+    site = tree(tmp_path / "site", "a.py", mode=0o644)
+    theirs = tree(tmp_path / "theirs", "pkg/__init__.py", mode=0o644)
+    os.chown(theirs / "pkg/__init__.py", USER, USER)
+    (site / "pkg").symlink_to(theirs / "pkg")
+    assert check_tree(str(site)) == [f"{theirs}/pkg/__init__.py is owned by uid 1000, not root"]
+
+
+def test_a_missing_folder_imported_from(tmp_path: Path) -> None:
+    # python311.zip is usually missing: harmless where only root could create it.
+    tree(tmp_path, "lib/x")
+    assert check_tree(str(tmp_path / "lib/python311.zip")) == []
+    (tmp_path / "lib").chmod(0o777)
+    assert check_tree(str(tmp_path / "lib/python311.zip")) == [
+        f"{tmp_path}/lib is writable by its group and others (mode 0777)"
+    ]
+    (tmp_path / "lib").chmod(0o1777)  # sticky: no one can replace root's entries, but anyone can add one
+    assert check_tree(str(tmp_path / "lib/python311.zip")) == [
+        f"{tmp_path}/lib/python311.zip is missing, and anyone could create it: "
+        f"{tmp_path}/lib is writable by its group and others (mode 1777)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("first_line", "why"),
+    [("#!/usr/bin/env python3", "env"), ("\x7fELF", "a binary"), ("#!python3", "relative")],
+)
+def test_only_a_script_naming_its_interpreter_by_path(tmp_path: Path, first_line: str, why: str) -> None:
+    hook = tmp_path / "nri-gpu"
+    hook.write_text(first_line + "\nfrom plugin.__main__ import main\n")
+    hook.chmod(0o755)
+    assert check_install(str(hook)) == [
+        f"{hook} is not a script whose #! line names its Python interpreter by absolute path"
+    ]
+
+
+def test_an_untrusted_interpreter(tmp_path: Path) -> None:
+    python = tree(tmp_path / "alice", "python")
+    os.chown(python, USER, USER)
+    hook = tmp_path / "bin/nri-gpu"
+    hook.parent.mkdir()
+    hook.write_text(f"#!{python}/python\n")
+    hook.chmod(0o755)
+    assert check_install(str(hook)) == [f"{hook}'s interpreter: {python} is owned by uid 1000, not root"]
+
+
+def test_an_interpreter_that_is_not_python(tmp_path: Path) -> None:
+    hook = tmp_path / "nri-gpu"
+    hook.write_text('#!/bin/sh\nexec python3 -m plugin "$@"\n')
+    hook.chmod(0o755)
+    problems = check_install(str(hook))
+    assert len(problems) == 1 and problems[0].startswith("/bin/sh cannot be asked where it imports from")
+
+
+def _trusted_python() -> str:
+    python = os.path.realpath(sys.executable)
+    base = sys.base_prefix
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    problems = check_file(python) + check_tree(os.path.join(base, "lib", version), missing_ok=False)
+    if problems:
+        pytest.skip(f"the interpreter running the tests is not root's alone: {problems[0]}")
+    return python
+
+
+def test_packages_imported_from_a_users_folder(tmp_path: Path) -> None:
+    # A root-owned venv of a root-owned Python whose .pth file points at a user's
+    # checkout (an editable install): the hook would import plugin and engine from it.
+    python = _trusted_python()
+    venv = tmp_path / "venv"
+    subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True)
+    checkout = tree(tmp_path / "checkout", "plugin/__init__.py", "engine/__init__.py", mode=0o644)
+    site = next(venv.glob("lib/python*/site-packages"))
+    (site / "nri-gpu.pth").write_text(f"{checkout}\n")
+    hook = tmp_path / "nri-gpu"
+    hook.write_text(f"#!{venv}/bin/python\nfrom plugin.__main__ import main\n")
+    hook.chmod(0o755)
+    assert check_install(str(hook)) == []
+
+    os.chown(checkout / "engine", USER, USER)
+    assert check_install(str(hook)) == [f"{checkout}/engine is owned by uid 1000, not root"]
+    os.chown(checkout / "engine", 0, 0)
+    (site / "nri-gpu.pth").chmod(0o666)
+    assert check_install(str(hook)) == [f"{site}/nri-gpu.pth is writable by its group and others (mode 0666)"]
+    (site / "nri-gpu.pth").chmod(0o644)
+    (site / "nri-gpu.pth").write_text(f"{tmp_path}/elsewhere\n")
+    assert check_install(str(hook)) == [
+        f"{venv}/bin/python does not import nri-gpu's package 'plugin'",
+        f"{venv}/bin/python does not import nri-gpu's package 'engine'",
+    ]
