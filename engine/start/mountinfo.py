@@ -13,24 +13,21 @@ start work was cut short.
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["VIEW_SOURCE", "has_driver_view", "proc_mount_points"]
 
 VIEW_SOURCE = "nri-gpu"  # the "device" name of the view's tmpfs, as mountinfo shows it
 _VIEW_UNDER = "/proc/driver"
+_ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
 def _unescape(field: str) -> str:
-    # The kernel writes space, tab, newline and backslash as \ooo (octal).
-    out: list[str] = []
-    i = 0
-    while i < len(field):
-        if field[i] == "\\" and i + 4 <= len(field) and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+    # The kernel writes space, tab, newline and backslash as \ooo (octal). Most
+    # fields have none: those are returned as they are, without a pass per character.
+    if "\\" not in field:
+        return field
+    return _ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), field)
 
 
 def _mounts(text: str) -> list[tuple[str, str, str]]:

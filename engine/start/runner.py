@@ -20,7 +20,10 @@ through ``PR_SET_PDEATHSIG``) and reported with the last step it started.
 
 Off the request path: the caller returns as soon as the result line is in,
 and the worker's exit (tearing down its copy of a 30 MiB address space, about
-1.5 ms) is reaped in the background through a pidfd. The worker runs no
+1.5 ms) is reaped in the background through a pidfd. So is a worker killed at
+the timeout: SIGKILL does not end a process at once (one in uninterruptible
+sleep, or in a frozen cgroup, stays until it wakes), and a blocking ``waitpid``
+there would stop the event loop, and every request of the node with it. The worker runs no
 Python collector: a collection writes to every object, copying every shared
 page. A worker forked *ahead* of time was tried and measured: as long as it
 waits it shares the plugin's pages, so the plugin's next CreateContainer pays
@@ -38,6 +41,7 @@ import json
 import os
 import select
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -45,7 +49,7 @@ from types import ModuleType
 from typing import Any, NoReturn
 
 from engine.errors import StartError
-from engine.start import actions, cgroup, mountinfo
+from engine.start import actions, cgroup, procview, syscalls
 from engine.start.work import StartReport, StartWork
 
 __all__ = [
@@ -144,14 +148,61 @@ def find_init_pid(cgroups_path: str, cgroup_root: str = "/sys/fs/cgroup", *, con
 
 
 def shows_driver_view(pid: int, proc: str = "/proc") -> bool | None:
-    """Whether process ``pid`` sees nri-gpu's ``/proc/driver`` view, which the start
-    work mounts first: read from the host (``<proc>/<pid>/mountinfo``), nothing is
-    entered. None when that cannot be told (the process is gone, or unreadable)."""
+    """Whether process ``pid`` sees nri-gpu's finished ``/proc/driver`` view, which
+    the start work mounts first. None when that cannot be told (the process is
+    gone, or the lookup fails); never a false alarm.
+
+    Looked at from the host without entering anything, and at a fixed cost
+    whatever the container holds: the view's marker file is looked up in the
+    process's root (``<proc>/<pid>/root``) with every link refused, and read
+    (a few KiB at most) only once it is known to be a regular file. No
+    mountinfo is read: a pod with 20,000 mounts at long paths has 72 MB of it.
+    """
     try:
-        with open(f"{proc}/{pid}/mountinfo", encoding="utf-8", errors="replace") as f:
-            return mountinfo.has_driver_view(f.read())
-    except (OSError, ValueError):
+        root = os.open(f"{proc}/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
         return None
+    try:
+        for path in _VIEW_MARKERS:
+            marker = _read_marker(root, path)
+            if marker is not None:
+                # A worker killed mid-build leaves the "unfinished" marker.
+                return marker.startswith(_FINISHED)
+        return False
+    except OSError:
+        return None
+    finally:
+        os.close(root)
+
+
+# Where the marker is: on a real node the view covers /proc/driver/nvidia, on a
+# simulated one (no nvidia directory in procfs) all of /proc/driver.
+_VIEW_MARKERS = (f"proc/driver/nvidia/{procview.MARKER}", f"proc/driver/{procview.MARKER}")
+_FINISHED = b"nri-gpu procfs view 1\nsource: "
+_MARKER_LIMIT = 4096
+# In the container's root, and no link of any kind: neither one of the image's
+# nor a /proc magic link may take the lookup out of it.
+_CONFINED = syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS | syscalls.RESOLVE_NO_SYMLINKS
+
+
+def _read_marker(root: int, path: str) -> bytes | None:
+    """The first bytes of the regular file ``path`` in ``root``; None if there is none."""
+    try:
+        found = syscalls.openat2(root, path, os.O_PATH | os.O_CLOEXEC, resolve=_CONFINED)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(found).st_mode):
+            return None
+        # Reopen the very inode that was checked (no second lookup to race with):
+        # a regular file, so opening it has no side effect, unlike a device or FIFO.
+        fd = os.open(f"/proc/self/fd/{found}", os.O_RDONLY | os.O_NOCTTY | os.O_NONBLOCK | os.O_CLOEXEC)
+    finally:
+        os.close(found)
+    try:
+        return os.read(fd, _MARKER_LIMIT)
+    finally:
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------- parent side
@@ -173,8 +224,8 @@ def _spawn(pid: int, work: StartWork, ldconfig: str, deadline: float) -> tuple[i
 async def _finish(child: int, fd: int, work: StartWork, deadline: float, timeout: float) -> StartReport:
     """Wait on the worker's result pipe without blocking the loop; its report.
 
-    Returns as soon as the result line is in; the worker's exit is reaped in the
-    background. A cancelled call kills the worker."""
+    Returns as soon as the result line is in, or at the deadline; the worker's
+    exit is reaped in the background either way. A cancelled call kills the worker."""
     loop = asyncio.get_running_loop()
     _reap_exited()
     os.set_blocking(fd, False)
@@ -202,15 +253,22 @@ async def _finish(child: int, fd: int, work: StartWork, deadline: float, timeout
     except BaseException:  # cancelled: the worker must not outlive the request
         loop.remove_reader(fd)
         os.close(fd)
-        _reap(child, kill=True)
+        _kill(child)
+        _reap_later(loop, child)
         raise
     loop.remove_reader(fd)
     os.close(fd)
-    if exited or timed_out:
-        status = _reap(child, kill=timed_out)  # EOF: it has exited, the wait is immediate
-    else:
-        status = None
-        _reap_later(loop, child)
+    if timed_out:
+        _kill(child)
+    reaped = _reap_later(loop, child)
+    status = None
+    if exited:
+        # It closed the pipe without a result: its exit status says why. It is
+        # exiting now; wait for that on the loop, never past the deadline.
+        try:
+            status = await asyncio.wait_for(asyncio.shield(reaped), max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            _kill(child)
     return _outcome(work, bytes(data), status, timed_out, timeout)
 
 
@@ -222,38 +280,53 @@ def _has_result(data: bytearray) -> bool:
     return data.startswith(b'{"ok": ', start)
 
 
-# Workers that sent their result and are exiting; reaped when their pidfd says
-# so, or by the next call (a loop closed in between never runs the reader).
+# Workers that are exiting or killed; reaped when their pidfd says so, or by the
+# next call (a loop closed in between never runs the reader).
 _exiting: set[int] = set()
+_RUNNING = -1  # _try_reap: not exited yet
 
 
-def _reap_later(loop: asyncio.AbstractEventLoop, child: int) -> None:
-    """Reap ``child`` once it has exited, without waiting for it now."""
+def _reap_later(loop: asyncio.AbstractEventLoop, child: int) -> asyncio.Future[int | None]:
+    """Reap ``child`` once it has exited, without waiting for it now: its exit
+    status (None if it was reaped elsewhere) when the loop sees it go."""
+    reaped: asyncio.Future[int | None] = loop.create_future()
+    status = _try_reap(child)
+    if status != _RUNNING:
+        reaped.set_result(status)
+        return reaped
     try:
         pidfd = os.pidfd_open(child)
-    except OSError:  # gone and reaped already, or no pidfd: wait now (it is exiting)
-        _reap(child, kill=False)
-        return
+    except ProcessLookupError:  # reaped elsewhere in between
+        reaped.set_result(None)
+        return reaped
     _exiting.add(child)
 
     def exited() -> None:
         loop.remove_reader(pidfd)
         os.close(pidfd)
-        if child in _exiting:
-            _exiting.discard(child)
-            _reap(child, kill=False)
+        _exiting.discard(child)
+        status = _try_reap(child)  # readable: it has exited, so this does not wait
+        if not reaped.done():
+            reaped.set_result(None if status == _RUNNING else status)
 
     loop.add_reader(pidfd, exited)
+    return reaped
+
+
+def _try_reap(child: int) -> int | None:
+    """Its wait status if it has exited (reaping it), ``_RUNNING`` if not, None if
+    reaped elsewhere. Never waits."""
+    try:
+        pid, status = os.waitpid(child, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    return status if pid else _RUNNING
 
 
 def _reap_exited() -> None:
     """Reap the exiting workers that have exited by now (never waits)."""
     for child in list(_exiting):
-        try:
-            done = os.waitpid(child, os.WNOHANG)[0] != 0
-        except ChildProcessError:
-            done = True
-        if done:
+        if _try_reap(child) != _RUNNING:
             _exiting.discard(child)
 
 
@@ -273,13 +346,19 @@ def _read_until_eof(fd: int, deadline: float) -> tuple[bytes, bool]:
         data.extend(chunk)
 
 
+def _kill(child: int) -> None:
+    # Safe by pid: the worker is our child and not reaped yet, so its pid is not reused.
+    try:
+        os.kill(child, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def _reap(child: int, *, kill: bool) -> int | None:
-    """Wait for the worker (killing it first if asked); its status, None if reaped elsewhere."""
+    """Wait for the worker (killing it first if asked); its status, None if reaped
+    elsewhere. Blocking: for ``run_start``, which has no event loop to stop."""
     if kill:
-        try:
-            os.kill(child, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill(child)
     try:
         return os.waitpid(child, 0)[1]
     except ChildProcessError:  # an event loop's child watcher got it first

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from engine.start.mountinfo import has_driver_view, proc_mount_points
+from engine.start.procview import MARKER, marker_text
 from engine.start.runner import shows_driver_view
 
 # A runc container's mountinfo (runc 1.1.5, containerd's masked and read-only paths).
@@ -60,11 +62,38 @@ def test_only_our_tmpfs_under_proc_driver_counts() -> None:
     assert not has_driver_view(RUNC + "95 70 0:60 / /proc/driver/nvidia ro - overlay nri-gpu ro\n")
 
 
-def test_the_host_side_check_reads_a_pid_mountinfo(tmp_path: Path) -> None:
-    for pid, text in ((7, RUNC + VIEW), (8, RUNC), (9, "garbage\n")):
-        (tmp_path / str(pid)).mkdir()
-        (tmp_path / str(pid) / "mountinfo").write_text(text)
+def _fake_pid(proc: Path, pid: int, marker: bytes | None, where: str = "proc/driver/nvidia") -> Path:
+    """``<proc>/<pid>/root`` as a plain directory, the view's marker at ``where``."""
+    root = proc / str(pid) / "root"
+    (root / where).mkdir(parents=True)
+    if marker is not None:
+        (root / where / MARKER).write_bytes(marker)
+    return root
+
+
+def test_the_host_side_check_looks_up_the_views_marker_in_the_pids_root(tmp_path: Path) -> None:
+    finished = marker_text(("0000:07:00.0",), from_host=False)
+    _fake_pid(tmp_path, 7, finished)
+    _fake_pid(tmp_path, 8, None)
+    _fake_pid(tmp_path, 9, finished, where="proc/driver")  # a simulated node: the view covers /proc/driver
+    _fake_pid(tmp_path, 11, b"nri-gpu procfs view 1\nunfinished\n")  # a worker killed mid-build
     assert shows_driver_view(7, proc=str(tmp_path)) is True
     assert shows_driver_view(8, proc=str(tmp_path)) is False
-    assert shows_driver_view(9, proc=str(tmp_path)) is None  # cannot tell: never a false alarm
+    assert shows_driver_view(9, proc=str(tmp_path)) is True
     assert shows_driver_view(10, proc=str(tmp_path)) is None  # gone
+    assert shows_driver_view(11, proc=str(tmp_path)) is False
+
+
+def test_the_host_side_check_follows_no_link_and_opens_no_fifo(tmp_path: Path) -> None:
+    """Whatever the container put there: links out of its root (to a host
+    directory holding a finished marker) do not count, and a FIFO in the
+    marker's place is never opened for reading (that would block)."""
+    host = tmp_path / "host"
+    host.mkdir()
+    (host / MARKER).write_bytes(marker_text(("0000:07:00.0",), from_host=False))
+    root = _fake_pid(tmp_path / "proc", 7, None, where="proc/driver")
+    (root / "proc/driver/nvidia").symlink_to(host)
+    assert shows_driver_view(7, proc=str(tmp_path / "proc")) is None
+    root = _fake_pid(tmp_path / "proc", 8, None)
+    os.mkfifo(root / "proc/driver/nvidia" / MARKER)
+    assert shows_driver_view(8, proc=str(tmp_path / "proc")) is False

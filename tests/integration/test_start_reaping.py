@@ -1,0 +1,129 @@
+"""The start worker's end never blocks the event loop, even when SIGKILL cannot end
+it at once (see ``engine.start.runner``).
+
+A killed process leaves only when the kernel lets it: one in uninterruptible sleep,
+or in a frozen cgroup, stays as long as that lasts. Here the worker is put in a
+frozen (cgroup v1) freezer group while it waits on a hanging ldconfig; at the
+timeout it is SIGKILLed, and it cannot die until the group is thawed 2.5 s later.
+
+Needs root, runc and the cgroup v1 freezer (cgroup v2's lets a fatal signal through).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.errors import StartError
+from engine.model import Plan
+from engine.start import StartWork, run_start_async, runner
+from tests.integration.test_start import (  # noqa: F401  (fixtures)
+    _cannot_run,
+    _zombie_children,
+    gcc,
+    gpu_container,
+    node,
+    plan,
+    rebuild,
+    runc,
+    sleeper,
+    work,
+)
+from tests.testbed.bundle import RuncHost
+
+FREEZER = Path("/sys/fs/cgroup/freezer")
+THAW_AFTER_S = 2.5
+
+
+@pytest.fixture
+def freezer() -> Iterator[Path]:
+    if not (FREEZER / "freezer.state").exists() and not (FREEZER / "cgroup.procs").exists():
+        _cannot_run("needs the cgroup v1 freezer (cgroup v2's lets SIGKILL end a frozen process)")
+    group = FREEZER / f"nri-gpu-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        yield group
+    finally:
+        (group / "freezer.state").write_text("THAWED")
+        deadline = time.monotonic() + 5
+        while (group / "cgroup.procs").read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        group.rmdir()
+
+
+def _workers() -> list[int]:
+    """Our live children: the forked start worker (its ldconfig is its own child)."""
+    me, found = str(os.getpid()), []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_killed_worker_that_cannot_die_yet_does_not_stop_the_loop(
+    runc: RuncHost,  # noqa: F811  (the fixtures imported above)
+    plan: Plan,  # noqa: F811
+    rebuild: StartWork,  # noqa: F811
+    sleeper: Path,  # noqa: F811
+    freezer: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runner, "_REPORT_MARGIN", -10.0)  # the worker would wait on ldconfig for 10 s more
+    c = gpu_container(runc, plan, "true")
+    thawed = threading.Event()
+
+    def thaw() -> None:
+        (freezer / "freezer.state").write_text("THAWED")
+        thawed.set()
+
+    async def main() -> tuple[float, float, float]:
+        gaps: list[float] = []
+
+        async def ticker() -> None:
+            last = time.monotonic()
+            while True:
+                await asyncio.sleep(0.01)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        async def freeze_the_worker() -> None:
+            await asyncio.sleep(0.3)  # it is waiting on the hanging ldconfig by now
+            (worker,) = _workers()
+            (freezer / "cgroup.procs").write_text(str(worker))
+            (freezer / "freezer.state").write_text("FROZEN")
+            threading.Timer(THAW_AFTER_S, thaw).start()
+
+        tick = asyncio.ensure_future(ticker())
+        frozen = asyncio.ensure_future(freeze_the_worker())
+        began = time.monotonic()
+        with pytest.raises(StartError, match=r"not finished after 0\.8 s; the worker was killed"):
+            await run_start_async(c.pid, rebuild, ldconfig=str(sleeper), timeout=0.8)
+        answered = time.monotonic() - began
+        await frozen
+        assert not thawed.is_set()
+        assert _workers(), "the killed worker should still be there, frozen"
+        await asyncio.sleep(THAW_AFTER_S)  # the loop reaps it once the group is thawed
+        for _ in range(100):
+            if not _workers() and not _zombie_children():
+                break
+            await asyncio.sleep(0.02)
+        tick.cancel()
+        return answered, max(gaps), time.monotonic() - began
+
+    answered, worst_gap, total = asyncio.run(main())
+    print(f"\nanswered after {answered:.2f} s; longest loop stall {worst_gap * 1000:.0f} ms; total {total:.2f} s")
+    assert answered < 1.5, f"the refusal took {answered:.2f} s: the loop waited for the killed worker"
+    assert worst_gap < 0.5, f"the event loop stalled for {worst_gap:.2f} s"
+    assert _workers() == [] and _zombie_children() == [], "the worker was not reaped after the thaw"
