@@ -60,8 +60,9 @@ def serve(testbed: Testbed) -> Iterator[list[NriGpuProcess]]:
 def start(serve: list[NriGpuProcess], containerd: Testbed, node: SimNode, tmp_path: Path) -> NriGpuProcess:
     config = tmp_path / "config.toml"
     config.write_text("[engine]\nmps = true\n")
-    proc = NriGpuProcess(containerd.containerd.nri_socket, tmp_path / "nri-gpu.log", *node.flags(),
-                         "--config", str(config))
+    proc = NriGpuProcess(
+        containerd.containerd.nri_socket, tmp_path / "nri-gpu.log", *node.flags(), "--config", str(config)
+    )
     serve.append(proc)
     return proc.start()
 
@@ -121,8 +122,11 @@ def test_planted_endpoints_are_skipped_and_the_host_tree_stays_out(
     assert ipc_mounts(cri, cid) == {}
     _, listed = sh(cri, cid, f"ls -a {MPS} {MPS}/ /run/nvidia-persistenced/ {PERSISTENCED}/ 2>&1; true")
     assert "host-bait" not in listed and "secret" not in listed, listed
-    _, seen = sh(cri, cid, f"cat {MPS}/host-bait {PERSISTENCED}/secret 2>&1;"
-                           f" touch {MPS}/planted {PERSISTENCED}/planted 2>&1; true")
+    _, seen = sh(
+        cri,
+        cid,
+        f"cat {MPS}/host-bait {PERSISTENCED}/secret 2>&1; touch {MPS}/planted {PERSISTENCED}/planted 2>&1; true",
+    )
     assert token not in seen, seen
     assert digest(root) == before, "the container changed the host's files"
     assert "started with GPUs" in plugin.log(), plugin.log()  # a GPU pod all the same
@@ -160,8 +164,9 @@ def test_the_real_endpoints_are_mounted_read_only(
         assert set(mounts) == {MPS, PERSISTENCED, FABRIC}, mounts
         for line in mounts.values():
             assert "ro" in line.split()[5].split(","), line  # the per-mount options
-        code, out = sh(cri, cid, f"cat {MPS}/marker && test -p {MPS}/control"
-                                 f" && test -S {PERSISTENCED} && test -S {FABRIC}")
+        code, out = sh(
+            cri, cid, f"cat {MPS}/marker && test -p {MPS}/control && test -S {PERSISTENCED} && test -S {FABRIC}"
+        )
         assert code == 0 and token in out, out
         code, out = sh(cri, cid, f"touch {MPS}/planted 2>&1; chmod 0 {PERSISTENCED} 2>&1; true")
         assert out.count("Read-only file system") == 2, out
