@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from engine.config import EngineConfig, Policy
+from engine.config import EngineConfig, Policy, from_tables
 from engine.discover import discover
 from engine.errors import EngineError, RequestError, RequirementError, UnknownDeviceError
 from engine.model import Capability, DriverFile, FileKind, Inventory
@@ -379,3 +379,10 @@ def test_roots_are_normalised_and_dotdot_in_a_root_is_refused() -> None:
     assert (config.driver_root, config.host_root) == ("/host/run/nvidia/driver", "/host")
     with pytest.raises(EngineError, match=r"engine\.driver_root: '/host/run/\.\./etc'"):
         EngineConfig(driver_root="/host/run/../etc")
+
+
+def test_engine_mps_is_a_boolean_and_off_by_default() -> None:
+    assert EngineConfig().mps is False
+    assert from_tables({"mps": True}, {}).mps is True
+    with pytest.raises(EngineError, match=r"engine\.mps: expected true or false, got 'yes'"):
+        from_tables({"mps": "yes"}, {})
