@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,8 +37,14 @@ class Policy:
     ``accept_volume_mounts``: read the device plugin's ``/dev/null`` markers under
     ``/var/run/nvidia-container-devices/`` (off by default, as the toolkit).
 
+    ``namespaces``: Kubernetes namespaces whose pods may get GPUs at all, by any
+    source (annotation, volume markers, env); None allows every namespace. The
+    namespace is the pod's, as CRI gives it; a pod made without one (straight
+    through CRI) has "" and passes only None.
+
     ``annotation_namespaces``: Kubernetes namespaces whose pods may use the
-    ``nvidia.com/gpus`` annotations; None allows every namespace.
+    ``nvidia.com/gpus`` annotations; None allows every namespace. A namespace
+    must pass ``namespaces`` too.
 
     ``capabilities``: upper bound on ``NVIDIA_DRIVER_CAPABILITIES``; a request
     beyond it is capped (and the plan notes it).
@@ -52,6 +59,7 @@ class Policy:
 
     accept_env_unprivileged: bool = True
     accept_volume_mounts: bool = False
+    namespaces: tuple[str, ...] | None = None
     annotation_namespaces: tuple[str, ...] | None = None
     capabilities: frozenset[Capability] = ALL_CAPABILITIES
     require_checks: bool = True
@@ -145,6 +153,25 @@ def _shown(value: object, limit: int = 256) -> str:
 
 
 _BOOL_POLICY = ("accept_env_unprivileged", "accept_volume_mounts", "require_checks", "legacy_image_all_gpus")
+_NAMESPACE_POLICY = ("namespaces", "annotation_namespaces")
+# A Kubernetes namespace name: an RFC 1123 label (a typo such as "ML" would never match).
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
+
+
+def _namespaces(key: str, value: Any) -> tuple[str, ...] | None:
+    """``"*"`` or ``["*"]``: any namespace (None); else a list of namespace names."""
+    if value == "*" or value == ["*"]:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise EngineConfigError(f'policy.{key}: expected a list of namespace names or "*", got {value!r}')
+    for name in value:
+        if name == "*":
+            raise EngineConfigError(f'policy.{key}: "*" stands alone; it already allows every namespace')
+        if not _NAMESPACE.fullmatch(name):
+            raise EngineConfigError(
+                f"policy.{key}: {name!r} is not a Kubernetes namespace name (lower-case letters, digits and -)"
+            )
+    return tuple(value)
 
 
 def _capabilities(value: Any) -> frozenset[Capability]:
@@ -170,17 +197,12 @@ def policy_from_mapping(table: Mapping[str, Any]) -> Policy:
             if not isinstance(value, bool):
                 raise EngineConfigError(f"policy.{key}: expected true or false, got {value!r}")
             values[key] = value
-        elif key == "annotation_namespaces":
-            if value == "*" or value == ["*"]:
-                values[key] = None
-            elif isinstance(value, list) and all(isinstance(v, str) and v for v in value):
-                values[key] = tuple(value)
-            else:
-                raise EngineConfigError(f'policy.annotation_namespaces: expected a list of names or "*", got {value!r}')
+        elif key in _NAMESPACE_POLICY:
+            values[key] = _namespaces(key, value)
         elif key == "capabilities":
             values[key] = _capabilities(value)
         else:
-            known = sorted((*_BOOL_POLICY, "annotation_namespaces", "capabilities"))
+            known = sorted((*_BOOL_POLICY, *_NAMESPACE_POLICY, "capabilities"))
             raise EngineConfigError(f"policy.{key}: unknown setting (known: {', '.join(known)})")
     return Policy(**values)
 

@@ -13,10 +13,20 @@ and the first place that has one decides, even when it says ``void``:
    (``CUDA_VERSION`` set, ``NVIDIA_REQUIRE_CUDA`` unset) that names none.
 
 A container that has none of these costs a few dict lookups and gets
-``RequestOutcome(None)``. Otherwise the device list is parsed (grammar only:
-whether GPU 3 exists is for ``selection``), then ``NVIDIA_DRIVER_CAPABILITIES``
-(capped by ``policy.capabilities``) and the ``NVIDIA_REQUIRE_*`` expressions
-are collected as text for ``requirements.check``.
+``RequestOutcome(None)``. A source found is first held against the pod's
+namespace (``policy.namespaces``, and ``policy.annotation_namespaces`` for
+annotations): a deliberate ask (annotation, volume markers) from a namespace
+not allowed is refused, the env (which the image may have baked in) is ignored
+with a note. Otherwise the device list is parsed (grammar only: whether GPU 3
+exists is for ``selection``), then ``NVIDIA_DRIVER_CAPABILITIES`` (capped by
+``policy.capabilities``) and the ``NVIDIA_REQUIRE_*`` expressions are collected
+as text for ``requirements.check``.
+
+Every input is hostile and bounded before it is parsed: each value read is at
+most ``MAX_VALUE_LENGTH`` characters, each list at most ``MAX_LIST_ENTRIES``
+entries, at most ``MAX_VARIABLES`` ``NVIDIA_REQUIRE_*`` variables, whose names
+must be ``[A-Z0-9_]``. That keeps the work, and every message, small: this runs
+on the plugin's event loop, under the runtime's 2 s deadline.
 
 Every error is a ``RequestError`` that names the bad entry and where it came
 from, e.g. ``env NVIDIA_VISIBLE_DEVICES="0,x": unknown device "x" (...)``.
@@ -34,6 +44,7 @@ from engine.config import Policy
 from engine.errors import RequestError
 from engine.model import ALL_CAPABILITIES, DEFAULT_CAPABILITIES, Capability
 from engine.procfs import canonical_bus_id
+from engine.requirements import MAX_VARIABLES
 
 POD_ANNOTATION = "nvidia.com/gpus"
 CONTAINER_ANNOTATION_PREFIX = "nvidia.com/gpus.container."
@@ -44,6 +55,13 @@ DISABLE_REQUIRE = "NVIDIA_DISABLE_REQUIRE"
 REQUIRE_PREFIX = "NVIDIA_REQUIRE_"
 IGNORED_REQUIREMENTS = frozenset({"NVIDIA_REQUIRE_JETPACK"})
 MAX_DEVICES = 1024  # no node has more GPUs; bounds what one list may expand to
+# Bounds on what a container may hand us. A real request is far inside each: a
+# CUDA image's NVIDIA_REQUIRE_CUDA is 1-3 KiB, a device list names a few GPUs.
+MAX_VALUE_LENGTH = 16384  # characters of any env or annotation value we read
+MAX_LIST_ENTRIES = 256  # entries of a device list, capability list, or volume markers
+# Env entries (and mounts) of one container the plugin reads at all; the kubelet's
+# service links give big namespaces thousands, a 4 MiB NRI message holds 800k.
+MAX_ENV_ENTRIES = 65536
 
 
 @dataclass(frozen=True)
@@ -54,7 +72,8 @@ class ContainerInfo:
     pod_name: str = ""
     pod_namespace: str = ""
     pod_annotations: Mapping[str, str] = field(default_factory=dict)
-    env: Mapping[str, str] = field(default_factory=dict)  # merged container env
+    # The merged container env; the plugin passes only the NVIDIA_* and CUDA_VERSION entries.
+    env: Mapping[str, str] = field(default_factory=dict)
     mounts: tuple[tuple[str, str], ...] = ()  # (source, destination)
     privileged: bool = False
 
@@ -111,6 +130,7 @@ _CUDA_VERSION = re.compile(r"([0-9]+)\.([0-9]+)(?:\..*)?", re.ASCII)
 _KEYWORDS = ("void", "all", "none")
 _FORMS = "an index (0), a range (0-3), a GPU UUID (GPU-...), a PCI bus id (0000:07:00.0), all, none or void"
 _CAPABILITY_BY_NAME = {c.value: c for c in Capability}
+_REQUIRE_NAME = re.compile(r"NVIDIA_REQUIRE_[A-Z0-9_]*", re.ASCII)
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})  # Go's strconv.ParseBool
 _FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 
@@ -120,6 +140,20 @@ def _q(text: str, limit: int = 120) -> str:
     if len(text) > limit:
         text = text[: limit - 3] + "..."
     return f'"{text}"' if text.isprintable() else repr(text)
+
+
+def _bounded(value: str, what: str) -> str:
+    """``value``, refused before any parsing when longer than ``MAX_VALUE_LENGTH``."""
+    if len(value) > MAX_VALUE_LENGTH:
+        raise RequestError(f"{what}: {len(value)} characters, longer than {MAX_VALUE_LENGTH}: {_q(value, 40)}")
+    return value
+
+
+def _entries(value: str, what: str) -> list[str]:
+    """``value`` split on commas and trimmed, at most ``MAX_LIST_ENTRIES`` entries."""
+    if value.count(",") >= MAX_LIST_ENTRIES:
+        raise RequestError(f"{what}: more than {MAX_LIST_ENTRIES} entries")
+    return [entry.strip() for entry in value.split(",")]
 
 
 # -- device lists -----------------------------------------------------------------
@@ -135,7 +169,7 @@ def parse_device_list(value: str, *, what: str) -> tuple[Selection, tuple[Device
     """
     if not value.strip():
         return None
-    return _parse_entries([entry.strip() for entry in value.split(",")], what)
+    return _parse_entries(_entries(value, what), what)
 
 
 def _parse_entries(entries: list[str], what: str) -> tuple[Selection, tuple[DeviceId, ...]] | None:
@@ -197,7 +231,13 @@ def _unknown_entry(entry: str) -> str:
 
 def _marker_ids(mounts: Iterable[tuple[str, str]]) -> list[str]:
     prefix = VOLUME_MARKER_DIR + "/"
-    return [dest[len(prefix) :].strip("/") for src, dest in mounts if src == "/dev/null" and dest.startswith(prefix)]
+    ids: list[str] = []
+    for src, dest in mounts:
+        if src == "/dev/null" and dest.startswith(prefix):
+            if len(ids) == MAX_LIST_ENTRIES:
+                raise RequestError(f"volume mounts under {prefix}: more than {MAX_LIST_ENTRIES} entries")
+            ids.append(_bounded(dest[len(prefix) :], f"volume mount {_q(dest, 80)}").strip("/"))
+    return ids
 
 
 # -- capabilities and requirements -------------------------------------------------------
@@ -218,7 +258,7 @@ def parse_capabilities(
         return ALL_CAPABILITIES if legacy_image else DEFAULT_CAPABILITIES
     caps: set[Capability] = set()
     everything = False
-    for raw in value.split(","):
+    for raw in _entries(_bounded(value, what.rstrip("= ")), f"{what}{_q(value)}"):
         name = raw.strip().lower()
         if name == "all":
             everything = True
@@ -248,7 +288,7 @@ def _is_legacy(env: Mapping[str, str]) -> bool:
 
 
 def _legacy_requirement(cuda_version: str) -> str:
-    m = _CUDA_VERSION.fullmatch(cuda_version.strip())
+    m = _CUDA_VERSION.fullmatch(_bounded(cuda_version, "env CUDA_VERSION").strip())
     if m is None:
         raise RequestError(f"env CUDA_VERSION={_q(cuda_version)}: expected a version like 12.4 or 12.4.1")
     # Leading zeros dropped as text, not by int(): a CUDA_VERSION of over 4300 digits
@@ -270,10 +310,20 @@ def _requirements(
             notes.append("NVIDIA_REQUIRE_* not checked: policy.require_checks is off")
         return ()
     disable = env.get(DISABLE_REQUIRE)
-    if disable and _parse_bool(DISABLE_REQUIRE, disable):
+    if disable and _parse_bool(DISABLE_REQUIRE, _bounded(disable, f"env {DISABLE_REQUIRE}")):
         if found or legacy:
             notes.append(f"NVIDIA_REQUIRE_* not checked: the container sets {DISABLE_REQUIRE}={disable}")
         return ()
+    if len(found) > MAX_VARIABLES:
+        raise RequestError(f"the container sets more than {MAX_VARIABLES} NVIDIA_REQUIRE_* variables ({len(found)})")
+    for name, value in found:
+        # Refused rather than quoted: a name is printed in messages and log lines,
+        # and no real image has one with lower case or punctuation.
+        if not _REQUIRE_NAME.fullmatch(name) or len(name) > 120:
+            raise RequestError(
+                f"env {_q(name)}: not a requirement variable name (A-Z, 0-9 and _ after NVIDIA_REQUIRE_)"
+            )
+        _bounded(value, f"env {name}")
     if legacy:
         found.append(("CUDA_VERSION", _legacy_requirement(env["CUDA_VERSION"])))
     return tuple(sorted(found))
@@ -285,16 +335,19 @@ def _requirements(
 def parse_request(info: ContainerInfo, policy: Policy) -> RequestOutcome:
     """The GPU request of one container, by the precedence in the module docstring.
 
-    Raises RequestError for a malformed list, capability, boolean or CUDA_VERSION,
-    and for what policy forbids outright (annotations from a namespace not allowed).
+    Raises RequestError for a malformed or oversized list, capability, boolean,
+    requirement variable or CUDA_VERSION, and for what policy forbids outright:
+    an annotation or volume markers from a namespace not allowed.
     """
     annotations = info.pod_annotations
     for key in (CONTAINER_ANNOTATION_PREFIX + info.name, POD_ANNOTATION):
         value = annotations.get(key)
         if value is not None:
-            _check_namespace(info, policy, key)
             source = f"annotation {_q(key)}"
-            return _outcome(info.env, policy, source, parse_device_list(value, what=f"{source}={_q(value)}"))
+            _check_namespace(info, policy.namespaces, "namespaces", source)
+            _check_namespace(info, policy.annotation_namespaces, "annotation_namespaces", source)
+            what = f"{source}={_q(_bounded(value, source))}"
+            return _outcome(info.env, policy, source, parse_device_list(value, what=what))
 
     env = info.env
     env_value = env.get(VISIBLE_DEVICES)
@@ -302,7 +355,8 @@ def parse_request(info: ContainerInfo, policy: Policy) -> RequestOutcome:
     if policy.accept_volume_mounts:
         ids = _marker_ids(info.mounts)
         if ids:
-            what = f"volume mounts under {VOLUME_MARKER_DIR}/ ({', '.join(map(_q, ids))})"
+            _check_namespace(info, policy.namespaces, "namespaces", "volume mounts")
+            what = f"volume mounts under {VOLUME_MARKER_DIR}/ ({', '.join(map(_q, ids[:8]))})"
             return _outcome(env, policy, "volume mounts", _parse_entries(ids, what))
         if names_markers:
             return RequestOutcome(
@@ -321,18 +375,28 @@ def parse_request(info: ContainerInfo, policy: Policy) -> RequestOutcome:
         env_value = "all"
     else:
         source = f"env {VISIBLE_DEVICES}"
+    # The env may come from the image (every nvidia/cuda image says "all"), so a
+    # policy refusal leaves the container without GPUs rather than failing it.
+    allowed = policy.namespaces
+    if allowed is not None and info.pod_namespace not in allowed:
+        return RequestOutcome(None, (f"{source} ignored by policy: {_not_allowed(info, allowed, 'namespaces')}",))
     if not info.privileged and not policy.accept_env_unprivileged:
         note = f"{source} ignored by policy: the container is not privileged and policy.accept_env_unprivileged is off"
         return RequestOutcome(None, (note,))
-    return _outcome(env, policy, source, parse_device_list(env_value, what=f"{source}={_q(env_value)}"))
+    what = f"{source}={_q(_bounded(env_value, source))}"
+    return _outcome(env, policy, source, parse_device_list(env_value, what=what))
 
 
-def _check_namespace(info: ContainerInfo, policy: Policy, key: str) -> None:
-    allowed = policy.annotation_namespaces
+def _not_allowed(info: ContainerInfo, allowed: tuple[str, ...], key: str) -> str:
+    listed = ", ".join(allowed[:16]) + (f" and {len(allowed) - 16} more" if len(allowed) > 16 else "")
+    return f"namespace {_q(info.pod_namespace)} may not have GPUs (policy.{key}: {listed or 'none'})"
+
+
+def _check_namespace(info: ContainerInfo, allowed: tuple[str, ...] | None, key: str, source: str) -> None:
+    """Refuse a deliberate request (annotation, volume markers) from a namespace ``policy.<key>`` leaves out."""
     if allowed is not None and info.pod_namespace not in allowed:
         raise RequestError(
-            f"annotation {_q(key)} on pod {info.pod_namespace}/{info.pod_name}: namespace {_q(info.pod_namespace)} "
-            f"may not use GPU annotations (policy.annotation_namespaces: {', '.join(allowed) or 'none'})"
+            f"{source} on pod {_q(f'{info.pod_namespace}/{info.pod_name}')}: {_not_allowed(info, allowed, key)}"
         )
 
 

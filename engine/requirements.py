@@ -16,6 +16,15 @@ As the toolkit does, the whole expression is checked once per selected GPU
 (``arch`` and ``brand`` take that GPU's values), or once with no GPU. A value
 nobody knows counts as satisfied: a GPU's arch or brand silently, the node's
 CUDA or driver version with a note that the check could not be made.
+
+The text comes from the image and is checked on the plugin's event loop, so
+every size is bounded before work is done: at most ``MAX_VARIABLES`` variables,
+``MAX_EXPRESSION_LENGTH`` characters and ``MAX_ALTERNATIVES`` alternatives per
+variable, ``MAX_CONDITION_LENGTH`` characters per condition and
+``MAX_CONDITIONS`` conditions in all; GPUs with the same arch and brand are
+checked once. A message is at most ``MAX_MESSAGE`` characters, and there are at
+most ``MAX_NOTES`` notes. (A CUDA 12.8
+image asks 151 conditions in 51 alternatives, 2.4 KiB.)
 """
 
 from __future__ import annotations
@@ -72,6 +81,15 @@ class Expression:
         return " ".join(",".join(map(str, alt)) for alt in self.alternatives)
 
 
+MAX_VARIABLES = 16
+MAX_EXPRESSION_LENGTH = 16384
+MAX_ALTERNATIVES = 256
+MAX_CONDITION_LENGTH = 128
+MAX_CONDITIONS = 1024  # over all variables of one container
+MAX_MESSAGE = 2048
+MAX_NOTES = 8
+_SHOWN_FAILURES = 8  # failed alternatives a message lists before "and N more"
+
 _KEYS = {k.value: k for k in Key}
 # Longest operator first, so "<=" is never read as "<" followed by "=...".
 _CONDITION = re.compile(r"([^<>=!]*)(>=|<=|!=|=|<|>)(.*)", re.DOTALL)
@@ -94,15 +112,30 @@ def _q(text: str, limit: int = 120) -> str:
     return f'"{text}"' if text.isprintable() else repr(text)
 
 
-def parse_expression(expr: str, *, what: str = "") -> Expression:
+def parse_expression(expr: str, *, what: str = "", conditions: int = MAX_CONDITIONS) -> Expression:
     """Parse one variable's value; RequirementError ("invalid expression") names the bad part.
+
+    ``conditions`` is how many conditions it may have (what is left of ``MAX_CONDITIONS``).
 
     >>> str(parse_expression("cuda>=12.0  brand=Tesla,driver>=470"))
     'cuda>=12.0 brand=tesla,driver>=470'
     """
     prefix = f"{what}: " if what else ""
+    # Sizes first, counted without splitting: nothing is built for a bomb.
+    if len(expr) > MAX_EXPRESSION_LENGTH:
+        raise RequirementError(
+            f"{prefix}invalid expression: {len(expr)} characters, longer than {MAX_EXPRESSION_LENGTH}: {_q(expr, 40)}"
+        )
+    words = expr.split()
+    if len(words) > MAX_ALTERNATIVES:
+        raise RequirementError(f"{prefix}invalid expression: more than {MAX_ALTERNATIVES} alternatives ({len(words)})")
+    count = len(words) + expr.count(",")
+    if count > conditions:
+        raise RequirementError(
+            f"{prefix}invalid expression: more than {MAX_CONDITIONS} conditions in all NVIDIA_REQUIRE_* variables"
+        )
     alternatives = tuple(
-        tuple(_parse_condition(text, prefix) for text in alternative.split(",")) for alternative in expr.split()
+        tuple(_parse_condition(text, prefix) for text in alternative.split(",")) for alternative in words
     )
     if not alternatives:
         raise RequirementError(f"{prefix}invalid expression {_q(expr)}: it is empty")
@@ -115,6 +148,8 @@ def _parse_condition(text: str, prefix: str) -> Condition:
 
     if not text:
         raise invalid("empty condition (a stray comma?)")
+    if len(text) > MAX_CONDITION_LENGTH:
+        raise invalid(f"{len(text)} characters, longer than {MAX_CONDITION_LENGTH}")
     m = _CONDITION.fullmatch(text)
     if m is None:
         raise invalid("no operator (one of =, !=, <, <=, >, >=)")
@@ -191,9 +226,12 @@ def _first_failure(
 
 
 def _describe(facts: NodeFacts, gpu: Gpu | None) -> str:
-    node = f"cuda {facts.cuda or 'unknown'}, driver {facts.driver or 'unknown'}"
+    def shown(value: str | None) -> str:  # what the driver reports, kept to one short line
+        return _q(value, 60).strip('"') if value else "unknown"
+
+    node = f"cuda {shown(facts.cuda)}, driver {shown(facts.driver)}"
     if gpu is not None:  # only when a GPU's arch or brand failed
-        node += f", GPU {gpu.index} ({gpu.model}): arch {gpu.arch or 'unknown'}, brand {gpu.brand or 'unknown'}"
+        node += f", GPU {gpu.index} ({shown(gpu.model)}): arch {shown(gpu.arch)}, brand {shown(gpu.brand)}"
     return node
 
 
@@ -213,8 +251,11 @@ def _check_one(name: str, expression: Expression, facts: NodeFacts, gpu: Gpu | N
     else:
         hint = "choose other GPUs or an image without this requirement"
     per_gpu = gpu if any(c.key in (Key.ARCH, Key.BRAND) for c in failures) else None
+    listed = " or ".join(map(str, failures[:_SHOWN_FAILURES]))
+    if len(failures) > _SHOWN_FAILURES:
+        listed += f" (and {len(failures) - _SHOWN_FAILURES} more)"
     raise RequirementError(
-        f"{name}: unsatisfied condition: {' or '.join(map(str, failures))} (this node: {_describe(facts, per_gpu)}); "
+        f"{name}: unsatisfied condition: {listed} (this node: {_describe(facts, per_gpu)}); "
         f"{hint} (NVIDIA_DISABLE_REQUIRE=true skips the check)"
     )
 
@@ -225,9 +266,24 @@ def check(requirements: Sequence[tuple[str, str]], facts: NodeFacts, gpus: Seque
     Returns notes (checks that could not be made); raises RequirementError for
     the first variable that is malformed or not met.
     """
-    notes: list[str] = []
+    if len(requirements) > MAX_VARIABLES + 1:  # a legacy image's implied CUDA_VERSION comes on top
+        raise RequirementError(f"more than {MAX_VARIABLES} NVIDIA_REQUIRE_* variables ({len(requirements)})")
+    expressions: list[tuple[str, Expression]] = []
+    budget = MAX_CONDITIONS
     for name, text in requirements:
-        expression = parse_expression(text, what=name)
-        for gpu in gpus or (None,):
-            _check_one(name, expression, facts, gpu, notes)
-    return tuple(dict.fromkeys(notes))
+        label = _q(name, 60).strip('"')  # the request layer admits only [A-Z0-9_] names; this is a backstop
+        expression = parse_expression(text, what=label, conditions=budget)
+        budget -= sum(map(len, expression.alternatives))
+        expressions.append((label, expression))
+    # Only arch and brand differ between GPUs: one check per distinct pair, named by its first GPU.
+    distinct: dict[tuple[str | None, str | None], Gpu] = {}
+    for gpu in gpus:
+        distinct.setdefault((gpu.arch, gpu.brand), gpu)
+    notes: list[str] = []
+    for name, expression in expressions:
+        for one in distinct.values() if gpus else (None,):
+            _check_one(name, expression, facts, one, notes)
+    unique = tuple(dict.fromkeys(notes))
+    if len(unique) > MAX_NOTES:  # each note is a log line: a thousand unknown conditions make one more
+        return (*unique[: MAX_NOTES - 1], f"and {len(unique) - MAX_NOTES + 1} more conditions not checked")
+    return unique

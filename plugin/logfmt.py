@@ -1,5 +1,10 @@
 """Log formats: the plain text line, or one JSON object per line.  (pure)
 
+Either way a record is one line: the text format escapes control characters
+(``\\n``, ``\\x1b``, U+2028, ...) in the message and indents every line of a
+traceback, so an env name or value quoted in a message cannot forge a line; the
+JSON format escapes them by its nature.
+
 Handlers attach the structured form of a decision as
 ``logger.info(..., extra={"nri_gpu": {...}})``; the text format ignores it (the
 message already says it in words), the JSON format merges its keys into the
@@ -22,6 +27,35 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 EXTRA_KEY = "nri_gpu"
 # Keys the formatter owns; structured fields never overwrite them.
 _RESERVED = ("time", "level", "logger", "message", "exception")
+
+
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable escaped as Python would write it.
+
+    >>> printable('a\\nb\\x1b[2J \\u2028 ü')
+    'a\\\\nb\\\\x1b[2J \\\\u2028 ü'
+    """
+    if text.isprintable():  # the common case, at C speed
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class TextFormatter(logging.Formatter):
+    """The plain line, ``TEXT_FORMAT``; a record never spans lines except for its traceback, indented."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return printable(super().formatMessage(record))
+
+    def formatException(self, ei: Any) -> str:
+        return _indented(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return _indented(super().formatStack(stack_info))
+
+
+def _indented(text: str) -> str:
+    # Continuation lines start with spaces: a line that begins with a timestamp is always a record.
+    return "\n".join("  " + printable(line) for line in text.split("\n"))
 
 
 class JsonFormatter(logging.Formatter):
@@ -51,5 +85,5 @@ def make_formatter(log_format: str) -> logging.Formatter:
     if log_format == "json":
         return JsonFormatter()
     if log_format == "text":
-        return logging.Formatter(TEXT_FORMAT)
+        return TextFormatter(TEXT_FORMAT)
     raise ValueError(f"unknown log format {log_format!r} (known: {', '.join(LOG_FORMATS)})")

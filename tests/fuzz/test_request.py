@@ -5,17 +5,27 @@ whoever writes the pod spec or the image. For any of them, under any policy,
 ``parse_request`` returns an outcome or raises ``RequestError``; an outcome never
 names more than ``MAX_DEVICES`` devices, never an index past the limit, never a
 device twice, and never a capability the policy does not allow.
+
+Bounds, checked on every case: the request, and the requirement check the plan
+then runs on 8 GPUs, finish within ``CASE_SECONDS`` (this is the plugin's event
+loop, under the runtime's 2 s deadline), and every message and note is one
+printable line of at most ``MAX_MESSAGE`` characters. Hostile sizes are drawn on
+purpose: values of megabytes, lists and expressions of 400k entries, dozens of
+``NVIDIA_REQUIRE_*`` variables and names with control characters.
 """
 
 from __future__ import annotations
+
+import time
+from typing import Any
 
 from google.protobuf.message import DecodeError
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from engine.config import Policy
-from engine.errors import RequestError
-from engine.model import Capability
+from engine.errors import RequestError, RequirementError
+from engine.model import Capability, Gpu
 from engine.request import (
     CONTAINER_ANNOTATION_PREFIX,
     MAX_DEVICES,
@@ -28,8 +38,9 @@ from engine.request import (
     parse_device_list,
     parse_request,
 )
+from engine.requirements import MAX_MESSAGE, MAX_NOTES, NodeFacts, check
 from plugin._proto import nri_pb2 as api
-from plugin.request import container_info
+from plugin.request import container_info, may_request
 from tests.fuzz.support import fuzz, mutated, mutated_text, typed
 
 ENTRIES = st.one_of(
@@ -57,7 +68,42 @@ ENV_VALUES = {
     "NVIDIA_REQUIRE_ARCH": REQUIRES,
     "NVIDIA_REQUIRE_JETPACK": REQUIRES,
 }
-ENVS = st.fixed_dictionaries({}, optional=ENV_VALUES)
+# Megabytes and hundreds of thousands of entries, built by repetition (cheap to draw).
+PIECES = [
+    "0,",
+    "all,",
+    "1-1023,",
+    ",",
+    " ",
+    "x",
+    "cuda>=1 ",
+    "cuda>=1,",
+    "brand=tesla,driver>=1 ",
+    "compute,",
+    "\n",
+    "é",
+]
+BOMBS = st.tuples(st.sampled_from(PIECES), st.sampled_from([300, 5000, 20_000, 400_000, 1_000_000])).map(
+    lambda t: t[0] * t[1]
+)
+NAMES = st.one_of(
+    st.sampled_from(["NVIDIA_REQUIRE_X\n2026-01-01 INFO forged", "NVIDIA_REQUIRE_cuda", "NVIDIA_REQUIRE_\x1b[2J"]),
+    st.text(max_size=12).map(lambda t: "NVIDIA_REQUIRE_" + t),
+)
+
+
+@st.composite
+def hostile_envs(draw: st.DrawFn) -> dict[str, str]:
+    env = draw(
+        st.fixed_dictionaries({}, optional={name: st.one_of(values, BOMBS) for name, values in ENV_VALUES.items()})
+    )
+    for i in range(draw(st.sampled_from([0, 1, 17, 40]))):
+        env[f"NVIDIA_REQUIRE_V{i}"] = draw(st.one_of(REQUIRES, BOMBS))
+    env.update(draw(st.dictionaries(NAMES, st.one_of(REQUIRES, BOMBS), max_size=2)))
+    return env
+
+
+ENVS = st.one_of(st.fixed_dictionaries({}, optional=ENV_VALUES), hostile_envs())
 POLICIES = st.builds(
     Policy,
     accept_env_unprivileged=st.booleans(),
@@ -80,12 +126,47 @@ INFOS = st.builds(
     pod_name=st.text(max_size=8),
     pod_namespace=st.sampled_from(["ml", "default", ""]),
     pod_annotations=st.fixed_dictionaries(
-        {}, optional={POD_ANNOTATION: DEVICE_LISTS, CONTAINER_ANNOTATION_PREFIX + "main": DEVICE_LISTS}
+        {},
+        optional={
+            POD_ANNOTATION: st.one_of(DEVICE_LISTS, BOMBS),
+            CONTAINER_ANNOTATION_PREFIX + "main": DEVICE_LISTS,
+        },
     ),
     env=ENVS,
     mounts=MARKERS,
     privileged=st.booleans(),
 )
+
+
+CASE_SECONDS = 0.25  # a refused bomb and a real request alike; the runtime's deadline is 2 s
+EIGHT = [Gpu(index=i, minor=i, bus_id=f"0000:0{i}:00.0", uuid=f"GPU-{i}", model="A100", arch="8.0") for i in range(8)]
+NODE = NodeFacts(cuda="12.4", driver="550.163.01")
+
+
+def short_line(message: str) -> None:
+    assert len(message) <= MAX_MESSAGE and message.isprintable(), f"{len(message)} characters: {message[:200]!r}"
+
+
+def bounded(call: Any, *args: Any) -> RequestOutcome | RequestError:
+    """``parse_request`` and the check the plan runs after it, timed; messages bounded."""
+    began = time.perf_counter()
+    got = typed(RequestError, call, *args)
+    if isinstance(got, RequestOutcome) and got.request is not None:
+        checked = typed(RequirementError, check, got.request.requirements, NODE, EIGHT)
+        if isinstance(checked, RequirementError):
+            short_line(str(checked))
+        else:
+            assert len(checked) <= MAX_NOTES
+            for note in checked:
+                short_line(note)
+    seconds = time.perf_counter() - began
+    assert seconds < CASE_SECONDS, f"{seconds:.3f} s"
+    if isinstance(got, RequestError):
+        short_line(str(got))
+    else:
+        for note in got.notes:
+            short_line(note)
+    return got
 
 
 def check_outcome(outcome: RequestOutcome | RequestError, policy: Policy) -> None:
@@ -108,7 +189,11 @@ def check_outcome(outcome: RequestOutcome | RequestError, policy: Policy) -> Non
 @example(value="1" * 5000)
 @example(value="0" * 5000 + "1-2")
 def test_device_lists(value: str) -> None:
+    began = time.perf_counter()
     got = typed(RequestError, parse_device_list, value, what="env")
+    assert time.perf_counter() - began < CASE_SECONDS
+    if isinstance(got, RequestError):
+        short_line(str(got))
     if got is not None and not isinstance(got, RequestError):
         assert len(got[1]) <= MAX_DEVICES
 
@@ -127,8 +212,18 @@ def test_capabilities(value: str | None, legacy: bool) -> None:
     info=ContainerInfo(name="main", pod_annotations={POD_ANNOTATION: "0"}, env={"CUDA_VERSION": "1" * 4400 + ".0"}),
     policy=Policy(),
 )
+@example(
+    info=ContainerInfo(
+        name="main", env={"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=99.0 " * 400_000}
+    ),
+    policy=Policy(),
+)
+@example(
+    info=ContainerInfo(name="main", env={"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_X\nINFO forged": "cuda>=1"}),
+    policy=Policy(),
+)
 def test_parse_request(info: ContainerInfo, policy: Policy) -> None:
-    check_outcome(typed(RequestError, parse_request, info, policy), policy)
+    check_outcome(bounded(parse_request, info, policy), policy)
 
 
 @st.composite
@@ -151,5 +246,35 @@ def test_nri_create_container_to_request(payload: bytes, policy: Policy) -> None
         message.ParseFromString(payload)
     except DecodeError:
         return  # the stub answers INVALID_ARGUMENT (tests/fuzz/test_stub.py)
-    info = container_info(message.pod, message.container)
-    check_outcome(typed(RequestError, parse_request, info, policy), policy)
+    began = time.perf_counter()
+    try:
+        info = container_info(message.pod, message.container)
+    except RequestError as exc:
+        short_line(str(exc))
+        return
+    check_outcome(bounded(parse_request, info, policy), policy)
+    assert time.perf_counter() - began < CASE_SECONDS
+
+
+@fuzz(20)
+@given(
+    count=st.sampled_from([0, 1000, 65_536, 65_537, 800_000]),
+    where=st.sampled_from(["first", "last", "nowhere"]),
+    policy=POLICIES,
+)
+def test_a_huge_env_list_is_bounded(count: int, where: str, policy: Policy) -> None:
+    asks = ["NVIDIA_VISIBLE_DEVICES=all"]
+    env = (asks if where == "first" else []) + ["A=1"] * count + (asks if where == "last" else [])
+    message = api.Container(name="main", env=env)
+    container = api.Container()
+    container.ParseFromString(message.SerializeToString())
+    pod = api.PodSandbox(name="p", namespace="ml")
+    began = time.perf_counter()
+    if may_request(pod, container, policy):
+        try:
+            bounded(parse_request, container_info(pod, container), policy)
+        except RequestError as exc:
+            short_line(str(exc))
+    else:
+        assert where == "nowhere"
+    assert time.perf_counter() - began < CASE_SECONDS

@@ -5,16 +5,32 @@ that prints back to itself, or raises ``RequirementError``; ``check`` against
 any node facts (versions the node reports may be garbage too) returns notes or
 raises ``RequirementError``; ``compare_versions`` is a total order on versions
 of any length.
+
+Bounds, checked on every case: parsing and checking finish within
+``CASE_SECONDS`` on 8 GPUs, and every message and note is one printable line of
+at most ``MAX_MESSAGE`` characters. Hostile sizes are drawn on purpose:
+megabyte values, 400k alternatives or conditions, more variables than allowed.
 """
 
 from __future__ import annotations
+
+import time
+from typing import Any
 
 from hypothesis import example, given
 from hypothesis import strategies as st
 
 from engine.errors import RequirementError
 from engine.model import Gpu
-from engine.requirements import NodeFacts, check, compare_versions, parse_expression
+from engine.requirements import (
+    MAX_MESSAGE,
+    MAX_NOTES,
+    MAX_VARIABLES,
+    NodeFacts,
+    check,
+    compare_versions,
+    parse_expression,
+)
 from tests.fuzz.support import fuzz, mutated_text, typed
 
 VERSION = st.one_of(
@@ -27,7 +43,12 @@ CONDITIONS = st.tuples(
     st.one_of(VERSION, st.sampled_from(["tesla", "GeForce", "nvidia-rtx", "-x", ""])),
 ).map("".join)
 EXPRESSIONS = st.lists(st.lists(CONDITIONS, min_size=1, max_size=3).map(",".join), max_size=3).map(" ".join)
-TEXTS = st.one_of(EXPRESSIONS, mutated_text(EXPRESSIONS), st.text(max_size=30))
+# Built by repetition: cheap to draw at any size.
+BOMBS = st.tuples(
+    st.sampled_from(["cuda>=1 ", "cuda>=1,", "brand=tesla,driver>=470,driver<471 ", "arch>=9.0,", "1", " ", ",", "é"]),
+    st.sampled_from([100, 300, 2000, 400_000, 1_000_000]),
+).map(lambda t: t[0] * t[1])
+TEXTS = st.one_of(EXPRESSIONS, mutated_text(EXPRESSIONS), st.text(max_size=30), BOMBS)
 FACT = st.one_of(st.none(), VERSION, st.sampled_from(["", "unknown", "12.x"]), st.text(max_size=6))
 GPUS = st.lists(
     st.builds(
@@ -44,13 +65,31 @@ GPUS = st.lists(
 )
 
 
+CASE_SECONDS = 0.25  # this runs on the plugin's event loop; the runtime's deadline is 2 s
+
+
+def short_line(message: str) -> None:
+    assert len(message) <= MAX_MESSAGE and message.isprintable(), f"{len(message)} characters: {message[:200]!r}"
+
+
+def bounded(call: Any, *args: Any, **kwargs: Any) -> Any:
+    began = time.perf_counter()
+    got = typed(RequirementError, call, *args, **kwargs)
+    seconds = time.perf_counter() - began
+    assert seconds < CASE_SECONDS, f"{seconds:.3f} s"
+    if isinstance(got, RequirementError):
+        short_line(str(got))
+    return got
+
+
 @fuzz(200)
 @given(text=TEXTS)
 @example(text="cuda>=" + "9" * 5000)
 @example(text="cuda>=12.0,,driver>=1")
 @example(text="brand=\u0130")
+@example(text=" ".join(["cuda>=99.0"] * 400_000))
 def test_parse_expression(text: str) -> None:
-    got = typed(RequirementError, parse_expression, text, what="NVIDIA_REQUIRE_CUDA")
+    got = bounded(parse_expression, text, what="NVIDIA_REQUIRE_CUDA")
     if not isinstance(got, RequirementError):
         assert got.alternatives
         assert str(parse_expression(str(got))) == str(got), "does not print back to itself"
@@ -58,15 +97,21 @@ def test_parse_expression(text: str) -> None:
 
 @fuzz(200)
 @given(
-    requirements=st.lists(st.tuples(st.sampled_from(["NVIDIA_REQUIRE_CUDA", "CUDA_VERSION"]), TEXTS), max_size=3),
+    requirements=st.one_of(
+        st.lists(st.tuples(st.sampled_from(["NVIDIA_REQUIRE_CUDA", "CUDA_VERSION"]), TEXTS), max_size=3),
+        st.lists(st.tuples(st.text(max_size=20), TEXTS), max_size=MAX_VARIABLES + 3),
+    ),
     cuda=FACT,
     driver=FACT,
     gpus=GPUS,
 )
+@example(requirements=[("NVIDIA_REQUIRE_CUDA", " ".join(["cuda>=99.0"] * 400_000))], cuda="12.4", driver="550", gpus=[])
 def test_check(requirements: list[tuple[str, str]], cuda: str | None, driver: str | None, gpus: list[Gpu]) -> None:
-    got = typed(RequirementError, check, requirements, NodeFacts(cuda, driver), gpus)
+    got = bounded(check, requirements, NodeFacts(cuda, driver), gpus * 3)  # up to 9 GPUs
     if not isinstance(got, RequirementError):
-        assert all(isinstance(note, str) for note in got)
+        assert all(isinstance(note, str) for note in got) and len(got) <= MAX_NOTES
+        for note in got:
+            short_line(note)
 
 
 @fuzz(200)

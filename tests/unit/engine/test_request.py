@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -16,6 +17,8 @@ from engine.errors import RequestError
 from engine.model import ALL_CAPABILITIES, DEFAULT_CAPABILITIES, Capability
 from engine.request import (
     CONTAINER_ANNOTATION_PREFIX,
+    MAX_LIST_ENTRIES,
+    MAX_VALUE_LENGTH,
     POD_ANNOTATION,
     VOLUME_MARKER_DIR,
     ByBusId,
@@ -29,6 +32,7 @@ from engine.request import (
     parse_device_list,
     parse_request,
 )
+from engine.requirements import MAX_VARIABLES
 
 C = Capability
 UUID = "GPU-8e9f1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b"
@@ -266,6 +270,69 @@ def test_unprivileged_env_is_ignored_when_policy_says_so() -> None:
     assert request(mounts=MARKERS, policy=Policy(accept_env_unprivileged=False, accept_volume_mounts=True)).ids
 
 
+IN_ML = Policy(namespaces=("ml",))
+
+
+def test_env_from_a_namespace_not_allowed_gets_nothing_and_says_why() -> None:
+    # An nvidia/cuda image carries NVIDIA_VISIBLE_DEVICES=all: in a namespace that
+    # may not have GPUs it runs without them (a log line, not a failure).
+    env = {"NVIDIA_VISIBLE_DEVICES": "all"}
+    ignored = outcome(env=env, pod_namespace="web", pod_name="shop", policy=IN_ML)
+    assert ignored.request is None
+    assert ignored.notes == (
+        'env NVIDIA_VISIBLE_DEVICES ignored by policy: namespace "web" may not have GPUs (policy.namespaces: ml)',
+    )
+    assert request(env=env, pod_namespace="ml", policy=IN_ML).selection is Selection.ALL
+    assert request(env=env, pod_namespace="web").selection is Selection.ALL  # default "*": any namespace
+
+
+def test_legacy_rule_obeys_the_namespace_policy() -> None:
+    policy = Policy(namespaces=("ml",), legacy_image_all_gpus=True)
+    ignored = outcome(env={"CUDA_VERSION": "12.4"}, pod_namespace="web", policy=policy)
+    assert ignored.request is None and "legacy CUDA image rule" in ignored.notes[0]
+    assert "policy.namespaces" in ignored.notes[0]
+
+
+def test_a_refused_namespace_is_not_even_parsed() -> None:
+    # Whatever else the env holds, a namespace without GPUs costs nothing and fails nothing.
+    env = {"NVIDIA_VISIBLE_DEVICES": "x" * 100_000, "NVIDIA_REQUIRE_CUDA": "?", "NVIDIA_DRIVER_CAPABILITIES": "gpu"}
+    assert outcome(env=env, pod_namespace="web", policy=IN_ML).request is None
+
+
+@pytest.mark.parametrize(
+    ("where", "kw"),
+    [
+        ("pod annotation", {"annotations": {POD_ANNOTATION: "0"}}),
+        ("container annotation", {"annotations": {CONTAINER_ANNOTATION_PREFIX + "main": "0"}}),
+        ("volume mounts", {"mounts": MARKERS}),
+    ],
+)
+def test_explicit_requests_from_a_namespace_not_allowed_fail_loudly(where: str, kw: Any) -> None:
+    # An annotation or a device plugin allocation is a deliberate ask: refused, not ignored.
+    policy = Policy(namespaces=("ml",), accept_volume_mounts=True)
+    with pytest.raises(RequestError) as exc:
+        outcome(pod_namespace="web", pod_name="shop", policy=policy, **kw)
+    assert 'namespace "web" may not have GPUs (policy.namespaces: ml)' in str(exc.value), exc.value
+    assert request(pod_namespace="ml", policy=policy, **kw).ids
+
+
+def test_annotations_need_both_namespace_lists() -> None:
+    annotations = {POD_ANNOTATION: "0"}
+    policy = Policy(namespaces=("ml", "research"), annotation_namespaces=("research", "web"))
+    assert request(annotations=annotations, pod_namespace="research", policy=policy).ids == (ByIndex(0),)
+    with pytest.raises(RequestError, match=r"policy\.annotation_namespaces"):
+        outcome(annotations=annotations, pod_namespace="ml", policy=policy)
+    with pytest.raises(RequestError, match=r"policy\.namespaces"):
+        outcome(annotations=annotations, pod_namespace="web", policy=policy)
+
+
+def test_a_pod_without_a_namespace_passes_only_the_wildcard() -> None:
+    # Pods made straight through CRI may leave the namespace empty: only "*" admits them.
+    env = {"NVIDIA_VISIBLE_DEVICES": "0"}
+    assert outcome(env=env, pod_namespace="", policy=IN_ML).request is None
+    assert request(env=env, pod_namespace="").ids == (ByIndex(0),)
+
+
 # -- legacy CUDA images -------------------------------------------------------------------------
 
 LEGACY = {"CUDA_VERSION": "12.4.1"}
@@ -444,6 +511,95 @@ def test_a_container_that_asks_for_nothing_costs_a_few_lookups() -> None:
     assert parse_request(info, Policy()) == RequestOutcome(None)
     assert annotations.looked_up == [CONTAINER_ANNOTATION_PREFIX + "main", POD_ANNOTATION]
     assert env.looked_up == ["NVIDIA_VISIBLE_DEVICES"]
+
+
+# -- hostile sizes -----------------------------------------------------------------------------------
+
+BOMB = "1" * (4 << 20)
+
+
+@pytest.mark.parametrize(
+    ("kw", "named"),
+    [
+        ({"env": {"NVIDIA_VISIBLE_DEVICES": BOMB}}, "env NVIDIA_VISIBLE_DEVICES"),
+        ({"env": {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": BOMB}}, "env NVIDIA_DRIVER_CAPABILITIES"),
+        ({"env": {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=" + BOMB}}, "env NVIDIA_REQUIRE_CUDA"),
+        ({"env": {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DISABLE_REQUIRE": BOMB}}, "env NVIDIA_DISABLE_REQUIRE"),
+        ({"env": {"NVIDIA_VISIBLE_DEVICES": "0", "CUDA_VERSION": BOMB}}, "env CUDA_VERSION"),
+        ({"annotations": {POD_ANNOTATION: BOMB}}, f'annotation "{POD_ANNOTATION}"'),
+        ({"mounts": (("/dev/null", f"{VOLUME_MARKER_DIR}/{BOMB}"),), "policy": MOUNTS_ON}, "volume mount"),
+    ],
+    ids=["visible", "capabilities", "require", "disable-require", "cuda-version", "annotation", "marker"],
+)
+def test_a_4_mib_value_is_refused_at_once_with_a_short_message(kw: Any, named: str) -> None:
+    began = time.perf_counter()
+    with pytest.raises(RequestError) as exc:
+        outcome(**kw)
+    assert time.perf_counter() - began < 0.05
+    message = str(exc.value)
+    assert named in message and f"longer than {MAX_VALUE_LENGTH}" in message, message[:300]
+    assert len(message) < 1024
+
+
+@pytest.mark.parametrize(
+    ("kw", "named"),
+    [
+        ({"env": {"NVIDIA_VISIBLE_DEVICES": "0," * MAX_LIST_ENTRIES + "0"}}, "env NVIDIA_VISIBLE_DEVICES"),
+        ({"annotations": {POD_ANNOTATION: ",".join(["1"] * (MAX_LIST_ENTRIES + 1))}}, "annotation"),
+        (
+            {"env": {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute," * MAX_LIST_ENTRIES}},
+            "env NVIDIA_DRIVER_CAPABILITIES",
+        ),
+        (
+            {
+                "mounts": tuple(("/dev/null", f"{VOLUME_MARKER_DIR}/{i % 4}") for i in range(MAX_LIST_ENTRIES + 1)),
+                "policy": MOUNTS_ON,
+            },
+            "volume mounts",
+        ),
+    ],
+    ids=["env", "annotation", "capabilities", "markers"],
+)
+def test_lists_with_too_many_entries_are_refused(kw: Any, named: str) -> None:
+    with pytest.raises(RequestError) as exc:
+        outcome(**kw)
+    message = str(exc.value)
+    assert named in message and f"more than {MAX_LIST_ENTRIES} entries" in message, message
+    assert len(message) < 1024
+
+
+def test_too_many_require_variables_are_refused() -> None:
+    env = {"NVIDIA_VISIBLE_DEVICES": "0"} | {f"NVIDIA_REQUIRE_V{i}": "cuda>=1" for i in range(MAX_VARIABLES + 1)}
+    with pytest.raises(RequestError, match=f"more than {MAX_VARIABLES} NVIDIA_REQUIRE_"):
+        outcome(env=env)
+    del env["NVIDIA_REQUIRE_V0"]
+    assert len(request(env=env).requirements) == MAX_VARIABLES
+
+
+@pytest.mark.parametrize(
+    ("name", "shown"),
+    [
+        ("NVIDIA_REQUIRE_X\n2026-01-01 00:00:00,000 INFO plugin.handlers: forged", "\\n2026-01-01"),
+        ("NVIDIA_REQUIRE_cuda", '"NVIDIA_REQUIRE_cuda"'),
+        ("NVIDIA_REQUIRE_\x1b[2J", "\\x1b[2J"),
+        ("NVIDIA_REQUIRE_" + "A" * 5000, "..."),
+    ],
+    ids=["newline", "lower-case", "escape", "long"],
+)
+def test_require_variable_names_outside_a_z_0_9_are_refused_and_quoted(name: str, shown: str) -> None:
+    # The toolkit evaluates any name with the prefix; one with a newline would forge
+    # a log line and a line of the CRI error, so it is refused, printed escaped.
+    with pytest.raises(RequestError) as exc:
+        outcome(env={"NVIDIA_VISIBLE_DEVICES": "0", name: "cuda>=1"})
+    message = str(exc.value)
+    assert shown in message and "A-Z, 0-9 and _" in message, message
+    assert all(c.isprintable() for c in message) and len(message) < 1024
+
+
+def test_names_and_values_within_the_bounds_still_work() -> None:
+    ok = request(env={"NVIDIA_VISIBLE_DEVICES": ",".join(["0"] * MAX_LIST_ENTRIES), "NVIDIA_REQUIRE_CUDA_12": "cuda>=1"})
+    assert ok.ids == (ByIndex(0),) and ok.requirements == (("NVIDIA_REQUIRE_CUDA_12", "cuda>=1"),)
+    assert request(annotations={POD_ANNOTATION: "0" + " " * (MAX_VALUE_LENGTH - 1)}).ids == (ByIndex(0),)
 
 
 # -- arbitrary input -------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import doctest
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -11,7 +12,23 @@ from hypothesis import strategies as st
 from engine import requirements
 from engine.errors import RequirementError
 from engine.model import Gpu
-from engine.requirements import Condition, Expression, Key, NodeFacts, Op, check, compare_versions, parse_expression
+from engine.requirements import (
+    MAX_ALTERNATIVES,
+    MAX_CONDITION_LENGTH,
+    MAX_CONDITIONS,
+    MAX_EXPRESSION_LENGTH,
+    MAX_MESSAGE,
+    MAX_NOTES,
+    MAX_VARIABLES,
+    Condition,
+    Expression,
+    Key,
+    NodeFacts,
+    Op,
+    check,
+    compare_versions,
+    parse_expression,
+)
 
 NODE = NodeFacts(cuda="12.4", driver="550.163.01")
 CUDA_IMAGE = "cuda>=12.4 brand=tesla,driver>=470,driver<471 brand=unknown,driver>=535,driver<536"
@@ -343,3 +360,76 @@ def test_check_raises_only_requirement_error(text: str, facts: NodeFacts) -> Non
         check([("NVIDIA_REQUIRE_X", text)], facts, (A100, MYSTERY))
     except RequirementError:
         pass
+
+
+# -- hostile sizes: refused at once, with a short message -------------------------------------------
+
+EIGHT = tuple(gpu(i) for i in range(8))
+# A CUDA 12.8 image's NVIDIA_REQUIRE_CUDA: 10 brands times 5 driver branches, plus cuda>=.
+REAL = "cuda>=12.8 " + " ".join(
+    f"brand={b},driver>={d},driver<{d + 1}"
+    for d in (470, 525, 535, 550, 560)
+    for b in ("tesla", "unknown", "nvidia", "nvidiartx", "geforce", "geforcertx", "quadro", "quadrortx", "titan", "titanrtx")
+)
+
+
+@pytest.mark.parametrize(
+    ("requirements", "why"),
+    [
+        ([("NVIDIA_REQUIRE_CUDA", "cuda>=" + "1" * (4 << 20))], f"longer than {MAX_EXPRESSION_LENGTH}"),
+        ([("NVIDIA_REQUIRE_CUDA", " ".join(["cuda>=99.0"] * 400_000))], f"longer than {MAX_EXPRESSION_LENGTH}"),
+        ([("NVIDIA_REQUIRE_CUDA", ",".join(["cuda>=1.0"] * 400_000))], f"longer than {MAX_EXPRESSION_LENGTH}"),
+        ([("NVIDIA_REQUIRE_CUDA", " ".join(["cuda>=9"] * (MAX_ALTERNATIVES + 1)))], f"more than {MAX_ALTERNATIVES} alt"),
+        ([("NVIDIA_REQUIRE_CUDA", ",".join(["cuda>=1"] * 2000))], f"more than {MAX_CONDITIONS} conditions"),
+        ([("NVIDIA_REQUIRE_CUDA", "cuda>=1." + "0" * 500)], f"longer than {MAX_CONDITION_LENGTH}"),
+        ([(f"NVIDIA_REQUIRE_{i}", "cuda>=1") for i in range(MAX_VARIABLES + 2)], f"more than {MAX_VARIABLES}"),
+        (
+            [(f"NVIDIA_REQUIRE_{i}", ",".join(["cuda>=1"] * 200)) for i in range(MAX_VARIABLES)],
+            f"more than {MAX_CONDITIONS} conditions",
+        ),
+    ],
+    ids=[
+        "4-mib-condition",
+        "400k-alternatives",
+        "400k-conditions",
+        "257-alternatives",
+        "2000-conditions",
+        "long-condition",
+        "variables",
+        "total-conditions",
+    ],
+)
+def test_requirement_bombs_are_refused_at_once(requirements: list[tuple[str, str]], why: str) -> None:
+    # Before the bounds: 2.2 s on 8 GPUs and a 5.6 MB message for 400k alternatives.
+    began = time.perf_counter()
+    with pytest.raises(RequirementError) as exc:
+        check(requirements, NODE, EIGHT)
+    assert time.perf_counter() - began < 0.1
+    message = str(exc.value)
+    assert why in message and len(message) <= MAX_MESSAGE, message[:300]
+
+
+def test_a_long_list_of_failed_alternatives_is_cut_short() -> None:
+    expression = " ".join(f"cuda>={13 + i}.0" for i in range(MAX_ALTERNATIVES))
+    with pytest.raises(RequirementError) as exc:
+        check([("NVIDIA_REQUIRE_CUDA", expression)], NODE, EIGHT)
+    message = str(exc.value)
+    assert message.startswith("NVIDIA_REQUIRE_CUDA: unsatisfied condition: cuda>=13.0 or cuda>=14.0 or ")
+    assert f"and {MAX_ALTERNATIVES - 8} more" in message and len(message) <= MAX_MESSAGE, message
+
+
+def test_a_real_cuda_image_requirement_is_well_within_the_bounds() -> None:
+    assert len(parse_expression(REAL).alternatives) == 51
+    assert check([("NVIDIA_REQUIRE_CUDA", REAL)], NodeFacts(cuda="12.8", driver="550.163.01"), EIGHT) == ()
+    worst = [(f"NVIDIA_REQUIRE_{i}", ",".join(["arch>=1.0"] * (MAX_CONDITIONS // MAX_VARIABLES))) for i in range(16)]
+    many = tuple(gpu(i, arch=f"{i}.0") for i in range(1, 9))  # eight different archs: no sharing of results
+    began = time.perf_counter()
+    check(worst, NODE, many)
+    assert time.perf_counter() - began < 0.1
+
+
+def test_notes_are_few_however_many_conditions_go_unchecked() -> None:
+    expression = ",".join(f"cuda>=1.{i}" for i in range(500))
+    notes = check([("NVIDIA_REQUIRE_CUDA", expression)], NodeFacts(cuda=None, driver="550"), EIGHT)
+    assert len(notes) == MAX_NOTES and notes[-1] == f"and {500 - MAX_NOTES + 1} more conditions not checked"
+    assert notes[0] == "NVIDIA_REQUIRE_CUDA: cuda>=1.0 not checked: this node's CUDA version is unknown"

@@ -77,6 +77,43 @@ def test_bad_engine_settings_name_the_key(text: str, message: str) -> None:
         from_toml(text)
 
 
+@pytest.mark.parametrize(
+    ("text", "namespaces", "annotation_namespaces"),
+    [
+        ("", None, None),
+        ('namespaces = ["*"]\nannotation_namespaces = "*"', None, None),
+        ('namespaces = "*"', None, None),
+        ('namespaces = ["ml", "research"]\nannotation_namespaces = ["ml"]', ("ml", "research"), ("ml",)),
+        ("namespaces = []", (), None),
+    ],
+    ids=["default", "star-list", "star", "lists", "none"],
+)
+def test_namespaces_gate_every_source(
+    text: str, namespaces: tuple[str, ...] | None, annotation_namespaces: tuple[str, ...] | None
+) -> None:
+    policy = from_toml(f"[policy]\n{text}\n").engine.policy
+    assert (policy.namespaces, policy.annotation_namespaces) == (namespaces, annotation_namespaces)
+
+
+@pytest.mark.parametrize("key", ["namespaces", "annotation_namespaces"])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ('"ml"', "expected a list of namespace names"),
+        ("[1]", "expected a list of namespace names"),
+        ('["ml", "*"]', '"*" stands alone'),
+        ('["ML"]', "'ML' is not a Kubernetes namespace name"),
+        ('[""]', "'' is not a Kubernetes namespace name"),
+        ('["ml\\n"]', "'ml\\n' is not a Kubernetes namespace name"),
+        (f'["{"a" * 64}"]', "is not a Kubernetes namespace name"),
+    ],
+    ids=["string", "number", "star-and-names", "upper-case", "empty", "newline", "too-long"],
+)
+def test_bad_namespace_lists_name_the_key_and_the_value(key: str, value: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(f"policy.{key}: ") + ".*" + re.escape(message)):
+        from_toml(f"[policy]\n{key} = {value}\n")
+
+
 def test_relative_root_flag_is_refused() -> None:
     args = build_parser().parse_args(["info", "--driver-root", "sim"])
     with pytest.raises(ConfigError, match=re.escape("--driver-root: 'sim' must be an absolute path")):

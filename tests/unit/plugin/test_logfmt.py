@@ -61,6 +61,41 @@ def test_text_format_is_unchanged_and_ignores_the_fields() -> None:
         make_formatter("yaml")
 
 
+FORGED = "\n2026-01-02 03:04:05,678 INFO plugin.handlers: forged"
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        (FORGED, "\\n2026-01-02 03:04:05,678 INFO plugin.handlers: forged"),
+        ("a\rb", "a\\rb"),
+        ("bell\x07 esc\x1b[2J nul\x00 del\x7f", "bell\\x07 esc\\x1b[2J nul\\x00 del\\x7f"),
+        ("nel\x85 ls\u2028 ps\u2029", "nel\\x85 ls\\u2028 ps\\u2029"),
+        ("tab\there", "tab\\there"),
+        ("back\\slash and ünïcode", "back\\slash and ünïcode"),
+    ],
+    ids=["newline", "cr", "c0-and-del", "c1-and-separators", "tab", "printable-unchanged"],
+)
+def test_text_format_escapes_control_characters_so_nothing_forges_a_line(text: str, shown: str) -> None:
+    # An env name or value that reaches a message must not start a line of its own.
+    line = make_formatter("text").format(record("refused: %s", (text,)))
+    assert line.endswith(f" WARNING plugin.handlers: refused: {shown}"), line
+    assert line.count("\n") == 0 and all(c.isprintable() for c in line)
+
+
+def test_text_format_indents_every_line_of_a_traceback() -> None:
+    try:
+        raise ValueError(f"boom{FORGED}")
+    except ValueError:
+        import sys
+
+        rec = record(exc_info=sys.exc_info())
+    first, *rest = make_formatter("text").format(rec).split("\n")
+    assert first.endswith("WARNING plugin.handlers: hello world")
+    assert rest and all(line.startswith("  ") for line in rest), rest
+    assert "  2026-01-02 03:04:05,678 INFO plugin.handlers: forged" in rest
+
+
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
     return build_node(tmp_path_factory.mktemp("node"), gpus=2)
@@ -69,7 +104,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
 def test_decisions_are_structured_and_measured(node: SimNode, caplog: pytest.LogCaptureFixture) -> None:
     metrics = PluginMetrics()
 
-    async def starter(pid: int, work: StartWork, *, ldconfig: str, on_report: Any) -> None:
+    async def starter(pid: int, work: StartWork, *, ldconfig: str, on_report: Any, **kw: Any) -> None:
         on_report(StartReport(timings_ms={"procfs isolation": 1.5, "total": 3.0}, procfs="", ld_cache_written=False))
 
     async def body(rt: FakeRuntime, stub: Stub) -> None:
