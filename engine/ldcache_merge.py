@@ -40,6 +40,7 @@ from engine.ldcache import (
     NEW_MAGIC,
     NEW_VERSION,
     LdCache,
+    check_deadline,
     is_hwcaps_entry,
 )
 from engine.model import LdCacheEntry
@@ -54,6 +55,7 @@ _EXTENSION = struct.Struct("<II")
 _SECTION = struct.Struct("<IIII")
 _LITTLE_ENDIAN = 2
 _INT_MIN, _INT_RANGE = -(1 << 31), 1 << 32
+_CHUNK = 4096  # entries written between two looks at the deadline
 
 
 def _int(value: int) -> int:
@@ -129,17 +131,19 @@ def _compare(e1: LdCacheEntry, e2: LdCacheEntry) -> int:
 _KEY = functools.cmp_to_key(_compare)
 
 
-def merge(image: LdCache, ours: Iterable[LdCacheEntry]) -> LdCache:
+def merge(image: LdCache, ours: Iterable[LdCacheEntry], *, deadline: float | None = None) -> LdCache:
     """``image``'s entries with ``ours`` inserted as ldconfig would (see the module
     doc). An image entry for the same name at the same path as one of ours is the
     same library: ours replaces it. The image's order is kept as it is, sorted or
     not (an unsorted cache only misleads its own container's loader). A
     ``glibc-hwcaps`` entry whose subdirectory name is missing (a malformed
-    extension) is dropped: no loader can use it."""
+    extension) is dropped: no loader can use it. Raises ``LdCacheLimit`` past
+    ``deadline`` (``time.monotonic``)."""
     ours = tuple(ours)
     replaced = {(e.name, e.path) for e in ours}
     merged = [e for e in image.entries if (e.name, e.path) not in replaced and _named(e, image.hwcaps)]
     for entry in ours:
+        check_deadline(deadline, "the merge")
         merged.insert(bisect.bisect_left(merged, _KEY(entry), key=_KEY), entry)
     return LdCache(tuple(merged), image.hwcaps)
 
@@ -148,12 +152,19 @@ def _named(entry: LdCacheEntry, hwcaps: tuple[str, ...]) -> bool:
     return not is_hwcaps_entry(entry) or (entry.hwcap & 0xFFFFFFFF) < len(hwcaps)
 
 
-def encode(cache: LdCache, generator: str = GENERATOR) -> bytes:
+def encode(cache: LdCache, generator: str = GENERATOR, *, deadline: float | None = None) -> bytes:
     """The bytes of ``cache`` in glibc's new format (little-endian), with an
     extension directory naming ``generator`` (``ldconfig -p`` prints it) and, if
-    ``cache.hwcaps`` is not empty, the ``glibc-hwcaps`` names its entries index."""
+    ``cache.hwcaps`` is not empty, the ``glibc-hwcaps`` names its entries index.
+    Raises ``LdCacheLimit`` past ``deadline`` (``time.monotonic``)."""
     strings = _StringTable(_HEADER.size + _ENTRY.size * len(cache.entries))
-    rows = [_ENTRY.pack(e.flags, strings.add(e.name), strings.add(e.path), e.osversion, e.hwcap) for e in cache.entries]
+    rows: list[bytes] = []
+    for i in range(0, len(cache.entries), _CHUNK):
+        check_deadline(deadline, "writing the merged cache")
+        rows += [
+            _ENTRY.pack(e.flags, strings.add(e.name), strings.add(e.path), e.osversion, e.hwcap)
+            for e in cache.entries[i : i + _CHUNK]
+        ]
     hwcap_offsets = [strings.add(name) for name in cache.hwcaps]
     table = strings.data()
     extension_offset = -(-(strings.end) // 4) * 4

@@ -3,17 +3,25 @@
 Theory of operation. The worker starts in the plugin's namespaces and opens
 everything it needs from the host first, because afterwards the host is out of
 reach: the container's ``/proc/<pid>`` directory (pinning the process), its
-mount namespace, for ldconfig also its pid, net, IPC and UTS namespaces, its
-procfs mount points and the trusted ldconfig binary, and with a simulated
-node the procfs view's source (files read, GPU directories cloned). Then it
+mount namespace, for ldconfig its procfs mount points and the trusted
+ldconfig binary, and with a simulated node the procfs view's source (files
+read, GPU directories cloned). It checks first that the pid is the
+container's: in the cgroup the runtime named, and neither sharing the mount
+namespace nor the root of the plugin or of pid 1 (in a DaemonSet the plugin's
+own are its container's; pid 1's, with the host's pid namespace, are the
+node's). Then it
 ``setns``es into the container's mount namespace: ``/`` is now the
 container's root, opened as the ``RootDir`` every path is resolved against.
 The steps:
 
-1. procfs isolation (``procview``);
-2. read-only root: a root runc made read-only is made writable for the next
-   steps and read-only again afterwards, also on failure (the container's
-   process has not started, so nobody sees the window);
+1. root copy: a detached clone of the container's mount tree, ``nodev`` and
+   ``nosuid`` throughout, writable at its top (``RootDir.detached_copy``).
+   Every file is read and written through it: no device node of the image or
+   of a volume can be opened, and the container's own mounts never change
+   flags (a read-only root stays read-only even for a worker killed at any
+   point; the clone dies with the worker);
+2. procfs isolation (``procview``): mounted on the container's live tree, the
+   one thing that must be; its marker is read through the copy;
 3. symlinks (``links``);
 4. ``ld.so.conf`` files, then the ld.so cache: the driver's entries merged
    into the image's own cache (``ldconfig.merge``, no process), or with
@@ -32,11 +40,19 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from engine.start import ldconfig, links, mountinfo, procview, syscalls
-from engine.start.rootdir import RootDir, describe
+from engine.start import cgroup, ldconfig, links, mountinfo, procview, syscalls
+from engine.start.rootdir import RootDir
 from engine.start.work import StartReport, StartWork, WorkError
 
 __all__ = ["StepFailed", "perform", "perform_in_bundle"]
+
+
+# mountinfo of a container: a few KB; one with thousands of mounts is refused
+# rather than parsed at length.
+_MOUNTINFO_LIMIT = 4 << 20
+# Whose mount namespace and root a container's never are: the plugin's own and
+# pid 1's (the node's init, when the plugin has the host's pid namespace).
+_NOT_CONTAINERS = (("/proc/self", "the plugin's"), ("/proc/1", "the host's (pid 1's)"))
 
 
 class StepFailed(Exception):
@@ -94,15 +110,15 @@ def perform(
     started = time.perf_counter()
     step = _Steps(on_step)
     with step("enter"):
-        mntns, host = _open_host(pid, work, step, ldconfig_path)
-        host_root = os.stat("/")
+        mntns, host, roots = _open_host(pid, work, step, ldconfig_path)
         # Joining a mount namespace needs a root and cwd no other thread shares.
         # A fork has one thread, unless a library's at-fork handler starts more
         # (gRPC's does): this thread's own copy makes setns work either way.
         syscalls.unshare(syscalls.CLONE_FS)
         syscalls.setns(mntns, syscalls.CLONE_NEWNS)
         root = RootDir.current()
-        _refuse_host_root(root, host_root, f"process {pid} has the plugin's own root: not a container")
+        for seen, whose in roots:
+            _refuse_host_root(root, seen, f"process {pid} has {whose} root: not a container")
     return _steps(root, host, work, step, deadline, started)
 
 
@@ -131,7 +147,8 @@ def perform_in_bundle(
         except OSError as exc:
             raise WorkError(f"container root {rootfs}: {exc.strerror}") from exc
         root = RootDir(fd)
-        _refuse_host_root(root, os.stat("/"), f"container root {rootfs} is the host's own root")
+        for seen, whose in _identities("root"):
+            _refuse_host_root(root, seen, f"container root {rootfs} is {whose} root")
         host = _Host()
         if work.ldconfig_folders and work.ld_cache == "rebuild":
             with step("ldconfig"):
@@ -148,33 +165,34 @@ def _refuse_host_root(root: RootDir, host_root: os.stat_result, message: str) ->
         raise WorkError(message)
 
 
-def _steps(root: RootDir, host: _Host, work: StartWork, step: _Steps, deadline: float, started: float) -> StartReport:
-    """The steps proper, in the container's root (see the module doc)."""
+def _steps(live: RootDir, host: _Host, work: StartWork, step: _Steps, deadline: float, started: float) -> StartReport:
+    """The steps proper, in the container's root ``live`` (see the module doc)."""
+    with step("root copy"):
+        copy = live.detached_copy()
     with step("procfs isolation"):
-        procfs = procview.isolate(root, work.visible_bus_ids, host.proc_source)
+        procfs = procview.isolate(live, work.visible_bus_ids, host.proc_source, files=copy)
     written = False
-    if work.symlinks or work.ldconfig_folders:
-        with _writable_root(root, step):
-            with step("symlinks"):
-                links.create(root, work.symlinks)
-            if work.ldconfig_folders:
-                with step("ld.so.conf"):
-                    changed = ldconfig.write_conf(root, work.ldconfig_folders)
-                if host.trusted is None:  # ld_cache "merge"
-                    with step("ld.so.cache"):
-                        written = ldconfig.merge(root, work.ld_cache_entries)
-                else:  # "rebuild": the trusted ldconfig was opened on the host for it
-                    with step("ldconfig"):
-                        if changed or not ldconfig.cache_lists(root, work.ld_cache_entries):
-                            # Its own line: the ldconfig process alone, fork to reap.
-                            step.timings["ldconfig process"] = ldconfig.run(root, host.trusted, deadline)
-                            written = True
+    with step("symlinks"):
+        links.create(copy, work.symlinks)
+    if work.ldconfig_folders:
+        with step("ld.so.conf"):
+            changed = ldconfig.write_conf(copy, work.ldconfig_folders)
+        if host.trusted is None:  # ld_cache "merge"
+            with step("ld.so.cache"):
+                written = ldconfig.merge(copy, work.ld_cache_entries, deadline)
+        else:  # "rebuild": the trusted ldconfig was opened on the host for it
+            with step("ldconfig"):
+                if changed or not ldconfig.cache_lists(copy, work.ld_cache_entries, deadline):
+                    # Its own line: the ldconfig process alone, fork to reap.
+                    step.timings["ldconfig process"] = ldconfig.run(copy, host.trusted, deadline)
+                    written = True
     step.timings["total"] = (time.perf_counter() - started) * 1000
     return StartReport(timings_ms=step.timings, procfs=procfs, ld_cache_written=written)
 
 
-def _open_host(pid: int, work: StartWork, step: _Steps, ldconfig_path: str) -> tuple[int, _Host]:
-    """The container's mount namespace and what the steps need from the host."""
+def _open_host(pid: int, work: StartWork, step: _Steps, ldconfig_path: str) -> tuple[int, _Host, list[_Seen]]:
+    """The container's mount namespace, what the steps need from the host, and the
+    roots the container's must not be (checked once inside)."""
     if pid <= 0:
         raise WorkError(f"no container process (pid {pid})")
     try:
@@ -184,8 +202,13 @@ def _open_host(pid: int, work: StartWork, step: _Steps, ldconfig_path: str) -> t
     try:
         # Relative to /proc/<pid>: a pid reused meanwhile fails (ESRCH) instead of misleading.
         mntns = os.open("ns/mnt", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
-        if os.fstat(mntns).st_ino == os.stat("/proc/self/ns/mnt").st_ino:
-            raise WorkError(f"process {pid} shares the plugin's mount namespace: not a container")
+        here = os.fstat(mntns)
+        for seen, whose in _identities("ns/mnt"):
+            if (here.st_dev, here.st_ino) == (seen.st_dev, seen.st_ino):
+                raise WorkError(f"process {pid} shares {whose} mount namespace: not a container")
+        if work.cgroups_path:
+            _check_cgroup(proc, pid, work.cgroups_path)
+        roots = _identities("root")
         host = _Host()
         if work.ldconfig_folders and work.ld_cache == "rebuild":
             with step("ldconfig"):
@@ -193,9 +216,48 @@ def _open_host(pid: int, work: StartWork, step: _Steps, ldconfig_path: str) -> t
         if work.proc_source is not None:
             with step("procfs isolation"):
                 host.proc_source = _host_source(work)
-        return mntns, host
+        return mntns, host, roots
     finally:
         os.close(proc)
+
+
+_Seen = tuple[os.stat_result, str]
+
+
+def _identities(name: str) -> list[_Seen]:
+    """(stat, whose) of ``name`` (``root``, ``ns/mnt``) of the plugin and of pid 1,
+    where they can be looked at (pid 1 is out of sight without the host's pid
+    namespace: then the plugin's own are the ones to refuse)."""
+    found = []
+    for proc, whose in _NOT_CONTAINERS:
+        try:
+            found.append((os.stat(f"{proc}/{name}"), whose))
+        except OSError:
+            continue
+    return found
+
+
+def _check_cgroup(proc: int, pid: int, cgroups_path: str) -> None:
+    """Refuse a pid outside the container's cgroup: a runtime's pid or one found
+    by ``find_init_pid`` that is not (or no longer) the container's."""
+    try:
+        fd = os.open("cgroup", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=proc)
+        try:
+            raw = os.read(fd, cgroup.MAX_PROC_CGROUP + 1)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise WorkError(f"/proc/{pid}/cgroup: {exc.strerror}") from exc
+    if len(raw) > cgroup.MAX_PROC_CGROUP:
+        raise WorkError(f"/proc/{pid}/cgroup: over {cgroup.MAX_PROC_CGROUP} bytes")
+    text = raw.decode("utf-8", "replace")
+    try:
+        inside = cgroup.is_in(text, cgroups_path)
+    except ValueError as exc:
+        raise WorkError(str(exc)) from exc
+    if not inside:
+        shown = ", ".join(line.split(":", 2)[-1] for line in text.splitlines()[:4])[:300]
+        raise WorkError(f"process {pid} is not in the container's cgroup {cgroups_path[:300]!r} (it is in {shown})")
 
 
 def _host_source(work: StartWork) -> procview.Source:
@@ -213,26 +275,14 @@ def _host_source(work: StartWork) -> procview.Source:
 def _trusted(proc: int, path: str) -> ldconfig.Trusted:
     binary = ldconfig.open_trusted(path)
     with open(os.open("mountinfo", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc), encoding="utf-8", errors="replace") as f:
-        points = mountinfo.proc_mount_points(f.read())
-    spaces = []
-    for name, nstype in (
-        ("net", syscalls.CLONE_NEWNET),
-        ("ipc", syscalls.CLONE_NEWIPC),
-        ("uts", syscalls.CLONE_NEWUTS),
-    ):
-        spaces.append((os.open(f"ns/{name}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc), nstype))
-    pidns = os.open("ns/pid", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
+        text = f.read(_MOUNTINFO_LIMIT + 1)
+    if len(text) > _MOUNTINFO_LIMIT:
+        # Cut short, a procfs mount could be missed and left uncovered for ldconfig.
+        raise WorkError(f"the container's mountinfo is over {_MOUNTINFO_LIMIT} bytes")
+    points = mountinfo.proc_mount_points(text)
     own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)  # unreachable once inside
     devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
-    return ldconfig.Trusted(
-        path=path,
-        binary=binary,
-        namespaces=tuple(spaces),
-        pid_namespace=pidns,
-        own_pid_namespace=own,
-        proc_mounts=points,
-        devnull=devnull,
-    )
+    return ldconfig.Trusted(path=path, binary=binary, own_pid_namespace=own, proc_mounts=points, devnull=devnull)
 
 
 def _trusted_here(root: RootDir, rootfs: str, path: str) -> ldconfig.Trusted:
@@ -245,37 +295,10 @@ def _trusted_here(root: RootDir, rootfs: str, path: str) -> ldconfig.Trusted:
         points = mountinfo.proc_mount_points(f.read())
     inside = tuple(point[len(prefix) :] for point in points if point.startswith(prefix + "/"))
     devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
-    return ldconfig.Trusted(
-        path=path,
-        binary=binary,
-        namespaces=(),
-        pid_namespace=None,
-        own_pid_namespace=None,
-        proc_mounts=inside,
-        devnull=devnull,
-        chroot=root.fd,
-    )
-
-
-@contextlib.contextmanager
-def _writable_root(root: RootDir, step: _Steps) -> Iterator[None]:
-    """Clear a read-only root's flag for the block; set it again however the block ends."""
-    with step("read-only root"):
-        was_readonly = bool(os.fstatvfs(root.fd).f_flag & os.ST_RDONLY)
-        if was_readonly:
-            try:
-                syscalls.mount_setattr(root.fd, "", syscalls.AT_EMPTY_PATH, attr_clr=syscalls.MOUNT_ATTR_RDONLY)
-            except OSError as exc:
-                raise WorkError(describe(exc, "/")) from exc
-            if os.fstatvfs(root.fd).f_flag & os.ST_RDONLY:
-                raise WorkError("/: the file system itself is read-only, not only the mount")
     try:
-        yield
-    except BaseException:
-        if was_readonly:  # best effort: the failure being reported matters more
-            with contextlib.suppress(OSError):
-                syscalls.mount_setattr(root.fd, "", syscalls.AT_EMPTY_PATH, attr_set=syscalls.MOUNT_ATTR_RDONLY)
-        raise
-    if was_readonly:
-        with step("read-only root"):
-            syscalls.mount_setattr(root.fd, "", syscalls.AT_EMPTY_PATH, attr_set=syscalls.MOUNT_ATTR_RDONLY)
+        own: int | None = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        own = None  # a hook makes no process after ldconfig's: nothing to set back for
+    return ldconfig.Trusted(
+        path=path, binary=binary, own_pid_namespace=own, proc_mounts=inside, devnull=devnull, chroot=root.fd
+    )

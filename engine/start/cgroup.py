@@ -1,12 +1,16 @@
 """Where a container's cgroup is, from the OCI ``linux.cgroupsPath``.  (pure)
 
 Needed when a runtime reports pid 0 at StartContainer: the container's init
-process is then the one process in its cgroup.
+process is then the one process in its cgroup. And to check that a pid is the
+container's at all (``is_in``): the start work acts as root on whatever mount
+namespace that pid has.
 """
 
 from __future__ import annotations
 
-__all__ = ["relative_path"]
+__all__ = ["is_in", "relative_path"]
+
+MAX_PROC_CGROUP = 1 << 16  # /proc/<pid>/cgroup: one line per v1 hierarchy, a few hundred bytes
 
 
 def _expand_slice(slice_name: str) -> str:
@@ -47,3 +51,40 @@ def relative_path(cgroups_path: str) -> str:
     if not parts or any(p in (".", "..") for p in parts):
         raise ValueError(f"cgroups path {cgroups_path!r} is neither /parent/name nor slice:prefix:name")
     return "/".join(parts)
+
+
+def is_in(proc_cgroup: str, cgroups_path: str) -> bool:
+    """Whether a process whose ``/proc/<pid>/cgroup`` reads ``proc_cgroup`` is in the
+    cgroup of ``cgroups_path`` (as ``relative_path`` takes it), on any hierarchy:
+    the unified one (``0::/path``) or a v1 controller's (``4:pids:/path``).
+
+    The paths there are relative to the *reader's* cgroup namespace: the whole
+    path for a reader at the root, its tail for one whose namespace root is above
+    the cgroup, and ``/../../tail`` for one beside it (a plugin in a pod of its
+    own, with a private cgroup namespace). So a path matches when what is left
+    after its leading ``..`` components is a tail of the expected path with at
+    least the container's own last component.
+
+    >>> is_in("0::/kubepods/pod1/abc\\n", "/kubepods/pod1/abc")
+    True
+    >>> is_in("0::/../../pod1/abc\\n", "/kubepods/pod1/abc")
+    True
+    >>> is_in("12:pids:/kubepods/pod1/other\\n0::/\\n", "/kubepods/pod1/abc")
+    False
+    >>> is_in("0::/system.slice/cri-containerd-abc.scope\\n", "system.slice:cri-containerd:abc")
+    True
+
+    Raises ``ValueError`` naming a line not in the kernel's format, or a
+    ``cgroups_path`` ``relative_path`` refuses.
+    """
+    want = relative_path(cgroups_path).split("/")
+    for line in proc_cgroup.splitlines():
+        fields = line.split(":", 2)
+        if len(fields) != 3 or not fields[2].startswith("/"):
+            raise ValueError(f"/proc/<pid>/cgroup: malformed line {line[:200]!r}")
+        parts = [p for p in fields[2].split("/") if p]
+        while parts and parts[0] == "..":
+            del parts[0]
+        if parts and ".." not in parts and parts == want[len(want) - len(parts) :]:
+            return True
+    return False

@@ -1,24 +1,31 @@
 """The trusted ldconfig's process: confined, then exec'ed. Runs in a fresh fork only.
 
-Forked by the worker (inside the container's mount namespace) into the
-container's pid namespace, with ``fork_raw`` (see ``ldconfig._fork``), it:
+Forked by the worker (inside the container's mount namespace) into a fresh pid
+namespace of its own, with ``fork_raw`` (see ``ldconfig._fork``), it:
 
 * takes a private copy of the mount namespace (``unshare``), so what it
-  mounts is seen by itself alone, and makes every mount in it private;
+  mounts is seen by itself alone, and makes every mount in it private,
+  read-only, ``nodev`` and ``nosuid``: no device node of the image or of a
+  volume that a conf file or library folder points at can be opened;
 * attaches the worker's output tmpfs (owned by ``nobody``) over ``/proc`` and
   covers every other procfs mount of the container with an empty read-only
   tmpfs: no magic link (``/proc/1/root``, ``/proc/1/fd/N``) is left to climb
   out of the container's root through, whatever symlink the image planted;
-* joins the container's net, IPC and UTS namespaces (after the pid one): a
-  crafted ELF file that took over ldconfig would reach none of the host's
-  abstract sockets or processes;
+* gets fresh net, IPC and UTS namespaces, none of the container's nor the
+  host's: a crafted ELF file that took over ldconfig reaches no abstract
+  socket, SysV object or process of anyone's;
+* is pid 1 of a pid namespace of its own: no process of the pod (a sidecar
+  of the same uid in a shared process namespace) can name it, so none can
+  ptrace it, open its ``/proc/<pid>`` or take an fd from it (``pidfd_getfd``);
 * becomes ``nobody`` (uid and gid 65534, no supplementary groups) with no
-  capability left, bounding set included, and ``no_new_privs``; 10 s of CPU,
-  64 MiB files. ldconfig only reads the container; the one thing it writes is
-  its cache, into the output tmpfs (``-C /proc/ld.so.cache``); ``-X`` stops it
-  making SONAME links and ``-i`` from trusting the image's aux cache. (It also
-  tries ``/var/cache/ldconfig/aux-cache``; as ``nobody`` that fails quietly,
-  or lands where any container user could write anyway.)
+  capability left, bounding set included, ``no_new_privs``, not dumpable
+  (until the exec: ``execve`` makes a process dumpable again when its uid may
+  read the binary, so the pid namespace above is what holds after it);
+  10 s of CPU, 64 MiB files. ldconfig only reads the container; the one thing
+  it writes is its cache, into the output tmpfs (``-C /proc/ld.so.cache``);
+  ``-X`` stops it making SONAME links and ``-i`` from trusting the image's aux
+  cache. (It also tries ``/var/cache/ldconfig/aux-cache``, on a read-only
+  view: that fails quietly.)
 * exec's the binary by fd with an empty environment, cwd ``/``, stdin
   ``/dev/null``, stdout and stderr into the worker's pipe, and no other fd;
 * dies with the worker (``PR_SET_PDEATHSIG``).
@@ -42,24 +49,24 @@ OUTPUT = "/proc"  # where the output tmpfs is attached, in ldconfig's private na
 CACHE_NAME = "ld.so.cache"
 ARGV = ("ldconfig", "-X", "-i", "-f", "/etc/ld.so.conf", "-C", f"{OUTPUT}/{CACHE_NAME}")
 _LIMITS = ((resource.RLIMIT_CPU, 10), (resource.RLIMIT_FSIZE, 64 << 20))
+# ldconfig's copy of the container: nothing to write, no device to open, no setuid.
+_VIEW_FLAGS = syscalls.MOUNT_ATTR_RDONLY | syscalls.MOUNT_ATTR_NODEV | syscalls.MOUNT_ATTR_NOSUID
 
 
 @dataclass(frozen=True)
 class Trusted:
     """What the ldconfig run needs from the host side, opened before ``setns``.
 
-    ``binary``: the ldconfig fd; ``namespaces``: (fd, CLONE_NEW*) of the
-    container's net, IPC and UTS namespaces; ``pid_namespace``: its pid namespace
-    (joined for the ldconfig process) and ``own_pid_namespace`` the worker's (set
-    back afterwards); ``proc_mounts``: mount points of its procfs mounts;
-    ``devnull``: the host's ``/dev/null``, for stdin; ``chroot``: the root to
-    change into first, when ``/`` is not yet the container's (hook mode).
+    ``binary``: the ldconfig fd; ``own_pid_namespace``: the worker's pid
+    namespace, set back for its children after the ldconfig process was made in
+    a fresh one (None: not reachable, the caller makes no further process);
+    ``proc_mounts``: mount points of the container's procfs mounts; ``devnull``:
+    the host's ``/dev/null``, for stdin; ``chroot``: the root to change into
+    first, when ``/`` is not yet the container's (hook mode).
     """
 
     path: str
     binary: int
-    namespaces: tuple[tuple[int, int], ...]
-    pid_namespace: int | None
     own_pid_namespace: int | None
     proc_mounts: tuple[str, ...]
     devnull: int
@@ -93,20 +100,25 @@ def exec_confined(trusted: Trusted, output: int, cache_mount: int) -> None:
             os.chroot(".")
         # A private copy of the container's mount namespace: what is covered
         # here is covered for ldconfig only, never for the container.
-        syscalls.unshare(syscalls.CLONE_NEWNS)
+        # Fresh net, IPC and UTS namespaces come along (not the container's: a
+        # pod's sidecar shares those).
+        syscalls.unshare(syscalls.CLONE_NEWNS | syscalls.CLONE_NEWNET | syscalls.CLONE_NEWIPC | syscalls.CLONE_NEWUTS)
         root = RootDir.current()
         syscalls.mount_setattr(
-            root.fd, "", syscalls.AT_EMPTY_PATH | syscalls.AT_RECURSIVE, propagation=syscalls.MS_PRIVATE
+            root.fd,
+            "",
+            syscalls.AT_EMPTY_PATH | syscalls.AT_RECURSIVE,
+            attr_set=_VIEW_FLAGS,
+            propagation=syscalls.MS_PRIVATE,
         )
         _attach(root, OUTPUT, cache_mount)
         for point in trusted.proc_mounts:
             if point != OUTPUT:
                 _attach(root, point, _empty_tmpfs())
-        for fd, nstype in trusted.namespaces:
-            syscalls.setns(fd, nstype)
         for limit, value in _LIMITS:
             resource.setrlimit(limit, (value, value))
         _become_nobody()
+        syscalls.set_dumpable(False)
         syscalls.parent_death_signal(signal.SIGKILL)
         if os.getppid() != parent:
             os._exit(126)

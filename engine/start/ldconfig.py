@@ -40,13 +40,13 @@ import stat
 import time
 
 from engine.errors import DiscoveryError
-from engine.ldcache import LdCache, parse_ld_so_cache, read_ld_so_cache
+from engine.ldcache import MAX_CACHE_SIZE, LdCache, LdCacheLimit, parse_ld_so_cache, read_ld_so_cache
 from engine.ldcache_merge import encode
 from engine.ldcache_merge import merge as merge_entries
 from engine.model import LdCacheEntry
 from engine.start import confine, elf, syscalls
 from engine.start.confine import Trusted
-from engine.start.rootdir import RootDir, describe, read_regular, split, write_atomically
+from engine.start.rootdir import OverLimit, RootDir, describe, read_regular, split, write_atomically
 from engine.start.work import WorkError
 
 __all__ = ["CONF", "Trusted", "cache_lists", "merge", "open_trusted", "run", "write_conf"]
@@ -55,7 +55,7 @@ CONF = "/etc/ld.so.conf.d/00-nri-gpu.conf"  # 00-: before the image's own files,
 MAIN_CONF = "/etc/ld.so.conf"
 MAIN_CONF_TEXT = b"include /etc/ld.so.conf.d/*.conf\n"  # what the toolkit writes where there is none
 CACHE = "/etc/ld.so.cache"
-_CACHE_LIMIT = 64 << 20
+_CACHE_LIMIT = MAX_CACHE_SIZE  # no real image's cache comes near (they are well under 1 MB)
 _TAIL = 4096
 
 
@@ -121,10 +121,12 @@ def write_conf(root: RootDir, folders: tuple[str, ...]) -> bool:
 
 
 def _current(dirfd: int, name: str) -> bytes | None:
+    # One open, then fstat (in read_regular): through the nodev copy of the root
+    # a device node cannot be opened, and O_NONBLOCK keeps a FIFO from waiting.
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=dirfd)
     except OSError:
-        return None  # missing, or a link (ELOOP): replaced either way
+        return None  # missing, a link (ELOOP) or a device (EACCES): replaced either way
     try:
         return read_regular(fd, CONF, 1 << 16)
     except WorkError:
@@ -133,7 +135,7 @@ def _current(dirfd: int, name: str) -> bytes | None:
         os.close(fd)
 
 
-def cache_lists(root: RootDir, entries: tuple[LdCacheEntry, ...]) -> bool:
+def cache_lists(root: RootDir, entries: tuple[LdCacheEntry, ...], deadline: float | None = None) -> bool:
     """Whether the container's cache already lists every path of ``entries`` (the
     plan's, which are what ldconfig lists for our libraries)."""
     paths = {entry.path for entry in entries}
@@ -143,25 +145,37 @@ def cache_lists(root: RootDir, entries: tuple[LdCacheEntry, ...]) -> bool:
         data = root.read_small(CACHE, _CACHE_LIMIT)
         if data is None:
             return False
-        return paths <= {entry.path for entry in parse_ld_so_cache(data)}
+        return paths <= {entry.path for entry in parse_ld_so_cache(data, deadline=deadline)}
     except (WorkError, DiscoveryError):
-        return False  # unreadable or garbled: rebuild it
+        return False  # unreadable, too big or garbled: rebuild it
 
 
-def merge(root: RootDir, entries: tuple[LdCacheEntry, ...]) -> bool:
+def merge(root: RootDir, entries: tuple[LdCacheEntry, ...], deadline: float | None = None) -> bool:
     """Insert ``entries`` into the container's ``/etc/ld.so.cache``; False when
-    the cache already was exactly that (a second run). Raises ``WorkError``."""
+    the cache already was exactly that (a second run). Raises ``WorkError``, also
+    for an image cache over a limit (size, entries, ``deadline``): no real image
+    has one, and a start that pretended otherwise would hold NRI's lock for it.
+
+    The image's cache is read on the root file system only (one reached through
+    a volume counts as absent) through the ``nodev`` copy of the root."""
     try:
         current = root.read_small(CACHE, _CACHE_LIMIT)
+    except OverLimit as exc:
+        raise WorkError(f"{exc} for an image's ld.so.cache") from exc
     except WorkError:
-        current = None  # not a regular file, or too big: the loader cannot use it either
+        current = None  # not a regular file: the loader cannot use it either
     image = LdCache(())
-    if current is not None:
-        try:
-            image = read_ld_so_cache(current)
-        except DiscoveryError:
-            pass  # garbled: glibc ignores it, and so do we
-    data = encode(merge_entries(image, entries))
+    try:
+        if current is not None:
+            try:
+                image = read_ld_so_cache(current, deadline=deadline)
+            except LdCacheLimit:
+                raise
+            except DiscoveryError:
+                pass  # garbled: glibc ignores it, and so do we
+        data = encode(merge_entries(image, entries, deadline=deadline), deadline=deadline)
+    except LdCacheLimit as exc:
+        raise WorkError(f"{CACHE}: {exc}") from exc
     if data == current:
         return False
     _install(root, data)
@@ -204,21 +218,21 @@ def run(root: RootDir, trusted: Trusted, deadline: float) -> float:
 
 
 def _fork(trusted: Trusted, output: int, cache: int) -> int:
-    """The ldconfig process, in the container's pid namespace; its pid.
+    """The ldconfig process, pid 1 of a fresh pid namespace (not the container's:
+    nothing of the pod can see it); its pid as the worker sees it.
 
     Made with ``fork_raw``: ``os.fork`` would run every library's at-fork
     handlers, and some start threads (gRPC's), which the kernel refuses in a
     process that has set another pid namespace for its children, and retry
     forever. The worker is single-threaded and holds the GIL: safe.
     """
-    if trusted.pid_namespace is not None:
-        syscalls.setns(trusted.pid_namespace, syscalls.CLONE_NEWPID)  # for the child made next
+    syscalls.unshare(syscalls.CLONE_NEWPID)  # for the child made next
     try:
         pid = syscalls.fork_raw()
         if pid == 0:
             confine.exec_confined(trusted, output, cache)  # never returns
     finally:
-        if trusted.pid_namespace is not None and trusted.own_pid_namespace is not None:
+        if trusted.own_pid_namespace is not None:
             syscalls.setns(trusted.own_pid_namespace, syscalls.CLONE_NEWPID)  # new threads allowed again
     return pid
 

@@ -87,15 +87,18 @@ def marker_text(bus_ids: tuple[str, ...], from_host: bool) -> bytes:
     return f"nri-gpu procfs view 1\nsource: {'host' if from_host else 'container'}\nbus ids: {' '.join(bus_ids)}\n".encode()
 
 
-def isolate(root: RootDir, bus_ids: tuple[str, ...], host: Source | None) -> str:
-    """Build the view; returns "created", "kept" (ours, identical, already there) or
-    "skipped" (no driver tree anywhere and no GPU to show).
+def isolate(root: RootDir, bus_ids: tuple[str, ...], host: Source | None, *, files: RootDir) -> str:
+    """Build the view on the container's live tree ``root``; returns "created",
+    "kept" (ours, identical, already there) or "skipped" (no driver tree anywhere
+    and no GPU to show).
 
     ``host``: the source taken from a host directory (simulated node), or None to
-    take it from the container's own ``/proc/driver/nvidia``. Raises ``WorkError``.
+    take it from the container's own ``/proc/driver/nvidia``. ``files``: the
+    ``nodev`` copy of the root (``RootDir.detached_copy``) a marker is read
+    through. Raises ``WorkError``.
     """
     marker = marker_text(bus_ids, host is not None)
-    old = _existing_view(root)
+    old = _existing_view(files)
     if old is not None:
         parent, name, text = old
         if text == marker:
@@ -132,7 +135,7 @@ def isolate(root: RootDir, bus_ids: tuple[str, ...], host: Source | None) -> str
 def _existing_view(root: RootDir) -> tuple[str, str, bytes] | None:
     """(parent, name, marker) of a view of ours: over /proc/driver, or /proc/driver/nvidia."""
     for parent, name in (("/proc", "driver"), ("/proc/driver", "nvidia")):
-        text = root.read_small(f"{parent}/{name}/{MARKER}", 4096)
+        text = root.read_small(f"{parent}/{name}/{MARKER}", 4096, resolve=_NOFOLLOW)
         if text is not None:
             return parent, name, text
     return None
@@ -157,7 +160,7 @@ def _read_sources(source: int) -> dict[str, tuple[bytes, int]]:
     files: dict[str, tuple[bytes, int]] = {}
     for name in (*_COPIED, "params"):
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=source)
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=source)
         except FileNotFoundError:
             continue
         except OSError as exc:

@@ -10,6 +10,16 @@ from the root fd: symlinks are followed *as the container would see them*
 links are refused. Final components are then handled with the ``*at`` calls
 relative to a resolved directory fd, with no-follow flags, so the last
 component is never followed either.
+
+The steps that read and write files do it through ``RootDir.detached_copy``: a
+detached clone of the container's mount tree (``open_tree``) that is
+``nodev,nosuid`` throughout and writable at its top. A device node the image
+or a volume holds cannot be opened through it at all (``EACCES``), whatever
+swaps a sidecar makes between a check and an open; the container's own mounts
+keep their flags (a read-only root stays read-only, even if the worker is
+killed halfway); and the clone goes away with the worker's last reference to
+it. Every open is one ``openat2`` with ``O_NONBLOCK | O_NOCTTY`` (a FIFO opened
+that way for reading never waits), then ``fstat`` decides.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ import stat
 from engine.start import syscalls
 from engine.start.work import WorkError
 
-__all__ = ["IN_ROOT", "WRITE", "RootDir", "describe", "read_regular", "split", "write_atomically"]
+__all__ = ["IN_ROOT", "READ", "WRITE", "OverLimit", "RootDir", "describe", "read_regular", "split", "write_atomically"]
 
 IN_ROOT = syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS
 # For a directory written into: stay on the container's root file system. A link
@@ -29,7 +39,15 @@ IN_ROOT = syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS
 # plugin's rights are not the container's: a root-owned host folder mounted for
 # a non-root container must not get files from us that its user could not make.
 WRITE = syscalls.RESOLVE_NO_XDEV
+# For a file read: the same. A cache or a conf file reached through a volume is
+# another container's (or the node's) and counts as absent.
+READ = syscalls.RESOLVE_NO_XDEV
 _DIR = os.O_PATH | os.O_DIRECTORY
+_CLONE = syscalls.OPEN_TREE_CLONE | syscalls.OPEN_TREE_CLOEXEC | syscalls.AT_RECURSIVE | syscalls.AT_EMPTY_PATH
+
+
+class OverLimit(WorkError):
+    """A file bigger than its reader's limit (the message names both)."""
 
 
 def describe(exc: OSError, path: str) -> str:
@@ -70,6 +88,31 @@ class RootDir:
 
     def close(self) -> None:
         os.close(self.fd)
+
+    def detached_copy(self) -> RootDir:
+        """A detached clone of the mount tree at this root: ``nodev,nosuid`` on every
+        mount, writable at the top mount only (the container's root file system;
+        a read-only volume or library bind mount stays read-only). Nothing of the
+        container's own mounts changes. Raises ``WorkError``.
+        """
+        try:
+            fd = syscalls.open_tree(self.fd, "", _CLONE)
+        except OSError as exc:
+            raise WorkError(describe(exc, "/") + " (cloning the container's mounts)") from exc
+        try:
+            flags = syscalls.AT_EMPTY_PATH
+            locked = syscalls.MOUNT_ATTR_NODEV | syscalls.MOUNT_ATTR_NOSUID
+            syscalls.mount_setattr(fd, "", flags | syscalls.AT_RECURSIVE, attr_set=locked)
+            syscalls.mount_setattr(fd, "", flags, attr_clr=syscalls.MOUNT_ATTR_RDONLY)
+            if os.fstatvfs(fd).f_flag & os.ST_RDONLY:
+                raise WorkError("/: the file system itself is read-only, not only the mount")
+        except OSError as exc:
+            os.close(fd)
+            raise WorkError(describe(exc, "/") + " (setting up the writable copy of the root)") from exc
+        except BaseException:
+            os.close(fd)
+            raise
+        return RootDir(fd)
 
     def open(self, path: str, flags: int, mode: int = 0, *, resolve: int = 0) -> int:
         """An fd for ``path`` resolved in the root; raises ``OSError`` (callers explain it)."""
@@ -120,22 +163,22 @@ class RootDir:
             fd = found
         return fd
 
-    def read_small(self, path: str, limit: int) -> bytes | None:
-        """Contents of the regular file at ``path`` (links followed in the root), None
-        if it does not exist; ``WorkError`` if it is no regular file or over ``limit``."""
+    def read_small(self, path: str, limit: int, *, resolve: int = READ) -> bytes | None:
+        """Contents of the regular file at ``path`` (links followed in the root, by
+        default on the root file system only), None if it does not exist or lies
+        across a mount; ``WorkError`` if it is no regular file or over ``limit``.
+
+        One open, then ``fstat``: a type checked by a separate lookup first could be
+        swapped (by a sidecar on a shared volume) before the open. The open cannot
+        block (``O_NONBLOCK``: a FIFO without a writer) and cannot reach a device
+        through a ``nodev`` root (``detached_copy``)."""
         try:
-            # Look before opening for reading: opening a device or FIFO the image
-            # points at can have side effects of its own.
-            probe = self.open(path, os.O_PATH)
-            try:
-                if not stat.S_ISREG(os.fstat(probe).st_mode):
-                    raise WorkError(f"{path}: not a regular file")
-            finally:
-                os.close(probe)
-            fd = self.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+            fd = self.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY, resolve=resolve)
         except FileNotFoundError:
             return None
         except OSError as exc:
+            if exc.errno == errno.EXDEV and resolve & syscalls.RESOLVE_NO_XDEV:
+                return None
             raise WorkError(describe(exc, path)) from exc
         try:
             return read_regular(fd, path, limit)
@@ -144,10 +187,13 @@ class RootDir:
 
 
 def read_regular(fd: int, what: str, limit: int) -> bytes:
-    """All of the regular file ``fd``, refusing FIFOs, devices and oversized files."""
+    """All of the regular file ``fd``, refusing FIFOs, devices and oversized files
+    (by their size before reading, and by what a read returns)."""
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         raise WorkError(f"{what}: not a regular file")
+    if info.st_size > limit:
+        raise OverLimit(f"{what}: {info.st_size} bytes, over the limit of {limit} bytes")
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -157,7 +203,7 @@ def read_regular(fd: int, what: str, limit: int) -> bytes:
         chunks.append(chunk)
         size += len(chunk)
         if size > limit:
-            raise WorkError(f"{what}: larger than {limit} bytes")
+            raise OverLimit(f"{what}: more than {limit} bytes, over the limit of {limit} bytes")
 
 
 def write_atomically(dirfd: int, name: str, data: bytes, mode: int, *, what: str) -> None:
@@ -170,7 +216,8 @@ def write_atomically(dirfd: int, name: str, data: bytes, mode: int, *, what: str
             os.unlink(tmp, dir_fd=dirfd)
         except FileNotFoundError:
             pass
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dirfd)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC
+        fd = os.open(tmp, flags, mode, dir_fd=dirfd)
         try:
             view = memoryview(data)
             while view:

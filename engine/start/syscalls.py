@@ -56,6 +56,7 @@ __all__ = [
     "open_tree",
     "openat2",
     "parent_death_signal",
+    "set_dumpable",
     "set_ids",
     "setns",
     "umount2",
@@ -102,6 +103,7 @@ RESOLVE_IN_ROOT = 0x10
 
 # <linux/prctl.h>, <linux/capability.h>
 _PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
@@ -287,6 +289,13 @@ def umount2(name: str, flags: int) -> None:
 def parent_death_signal(sig: int) -> None:
     """Have the kernel send ``sig`` to this process when its parent dies (survives execve)."""
     _check(_libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+
+
+def set_dumpable(dumpable: bool) -> None:
+    """``prctl(PR_SET_DUMPABLE)``: a non-dumpable process cannot be ptraced (nor its
+    ``/proc/<pid>`` files read) by others of its uid. ``execve`` sets it again,
+    to dumpable for a binary its uid may read."""
+    _check(_libc.prctl(_PR_SET_DUMPABLE, int(dumpable), 0, 0, 0), "prctl(PR_SET_DUMPABLE)")
 
 
 def no_new_privs() -> None:

@@ -44,6 +44,9 @@ class StartWork:
     proc_source: str | None = None
     ld_cache_entries: tuple[LdCacheEntry, ...] = ()  # inserted into the image's cache ("merge")
     ld_cache: str = "merge"  # or "rebuild": the trusted ldconfig rebuilds the cache
+    # The runtime's linux.cgroupsPath of the container: its pid must be in that
+    # cgroup ("" when not known: not checked).
+    cgroups_path: str = ""
 
     def __post_init__(self) -> None:
         if self.ld_cache not in LD_CACHE_MODES:
@@ -61,6 +64,8 @@ class StartWork:
                 raise ValueError(f"{path!r} is not a clean absolute path")
         if self.proc_source is not None and not is_clean_absolute(self.proc_source):
             raise ValueError(f"proc_source {self.proc_source!r} is not a clean absolute path")
+        if "\0" in self.cgroups_path or "\n" in self.cgroups_path or len(self.cgroups_path) > 4096:
+            raise ValueError(f"bad cgroups path {self.cgroups_path[:200]!r}")
 
 
 def is_clean_absolute(path: str) -> bool:
@@ -71,9 +76,12 @@ def is_clean_absolute(path: str) -> bool:
     return path == "/" or all(p not in ("", ".", "..") for p in parts)
 
 
-def start_work(plan: Plan, container: str, proc_root: str, ld_cache: str = "merge") -> StartWork:
+def start_work(
+    plan: Plan, container: str, proc_root: str, ld_cache: str = "merge", cgroups_path: str = ""
+) -> StartWork:
     """The start-time part of ``plan``; ``proc_root`` is the engine's procfs root,
-    ``ld_cache`` the ``engine.ld_cache`` mode.
+    ``ld_cache`` the ``engine.ld_cache`` mode, ``cgroups_path`` the container's
+    ``linux.cgroupsPath`` as the runtime sent it.
 
     >>> start_work(Plan(visible_bus_ids=("0000:07:00.0",)), 'container "c"', "/proc").proc_source is None
     True
@@ -89,6 +97,7 @@ def start_work(plan: Plan, container: str, proc_root: str, ld_cache: str = "merg
         proc_source=None if root == PROC else f"{root}/driver/nvidia",
         ld_cache_entries=plan.ld_cache_entries,
         ld_cache=ld_cache,
+        cgroups_path=cgroups_path,
     )
 
 

@@ -16,14 +16,19 @@ Needs root (namespaces, mounts, runc); skipped with the reason otherwise.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import dataclasses
 import hashlib
 import os
 import shutil
+import signal
+import stat
+import struct
 import subprocess
+import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,13 +36,15 @@ import pytest
 from engine.config import EngineConfig
 from engine.discover import discover
 from engine.errors import StartError
-from engine.ldcache import parse_ld_so_cache
-from engine.model import Plan, Symlink
+from engine.ldcache import LdCache, parse_ld_so_cache
+from engine.ldcache_merge import encode
+from engine.model import LdCacheEntry, Plan, Symlink
 from engine.plan import plan as make_plan
 from engine.request import ContainerInfo, parse_request
 from engine.start import (
     StartReport,
     StartWork,
+    actions,
     find_init_pid,
     run_start,
     run_start_async,
@@ -233,7 +240,10 @@ def test_merge_equals_a_rebuild_and_the_loader_takes_ours(
     assert {e.name for e in image_cache} & {"libc.so.6", "libm.so.6"}  # the image's own libraries are kept
     assert caches["merge"] == caches["rebuild"]
     names = [(e.name, e.path) for e in caches["merge"] if e.name == "libnvidia-ml.so.1"]
-    assert names == [("libnvidia-ml.so.1", f"{LIB}/libnvidia-ml.so.1"), ("libnvidia-ml.so.1", "/opt/stub/libnvidia-ml.so.1")]
+    assert names == [
+        ("libnvidia-ml.so.1", f"{LIB}/libnvidia-ml.so.1"),
+        ("libnvidia-ml.so.1", "/opt/stub/libnvidia-ml.so.1"),
+    ]
 
 
 def test_the_view_is_a_locked_tmpfs(runc: RuncHost, plan: Plan, work: StartWork) -> None:
@@ -612,7 +622,9 @@ def _gone(exe: Path, timeout: float = 2.0) -> bool:
     return not _running(exe)
 
 
-def test_a_hanging_ldconfig_is_killed_by_the_worker(runc: RuncHost, plan: Plan, rebuild: StartWork, sleeper: Path) -> None:
+def test_a_hanging_ldconfig_is_killed_by_the_worker(
+    runc: RuncHost, plan: Plan, rebuild: StartWork, sleeper: Path
+) -> None:
     c = gpu_container(runc, plan, "true", readonly=True)
     began = time.monotonic()
     with pytest.raises(StartError, match=r"ldconfig: .*sleeper did not finish before the deadline and was killed"):
@@ -634,7 +646,9 @@ def test_a_worker_past_the_timeout_is_killed(
     assert _gone(sleeper)  # PR_SET_PDEATHSIG took ldconfig along
 
 
-def test_cancelling_the_async_call_kills_the_worker(runc: RuncHost, plan: Plan, rebuild: StartWork, sleeper: Path) -> None:
+def test_cancelling_the_async_call_kills_the_worker(
+    runc: RuncHost, plan: Plan, rebuild: StartWork, sleeper: Path
+) -> None:
     c = gpu_container(runc, plan, "true")
 
     async def cancel() -> None:
@@ -783,3 +797,251 @@ def test_threads_started_by_an_at_fork_handler_do_not_stop_it(runc: RuncHost, pl
         assert c.run().splitlines()[1] == "ModifyDeviceFiles: 0"
     finally:
         active.clear()
+
+
+# --------------------------------------------------------------------------- security, part 2
+
+
+_EMIT = runner._emit
+
+
+def _killing_at(n: int) -> Callable[[int, dict[str, object]], None]:
+    """The worker's ``_emit``, SIGKILLing the worker as it announces its ``n``-th step."""
+    real = _EMIT
+    seen = [0]  # counted in each forked worker from its own copy
+
+    def emit(out: int, message: dict[str, object]) -> None:
+        real(out, message)
+        if "step" in message and "ok" not in message:
+            seen[0] += 1
+            if seen[0] == n:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return emit
+
+
+def test_a_read_only_root_stays_read_only_whichever_step_the_worker_is_killed_at(
+    runc: RuncHost, plan: Plan, each: StartWork, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker killed on timeout: containerd may then start the container anyway.
+    Whatever step it died in, the container's ``/`` is as read-only as runc made it."""
+    killed: list[str] = []
+    finished = False
+    for n in range(1, 20):
+        c = gpu_container(runc, plan, "touch /x 2>&1 | sed 's/.*: //'", readonly=True)
+        monkeypatch.setattr(runner, "_emit", _killing_at(n))
+        try:
+            run_start(c.pid, each)
+            finished = True
+        except StartError as exc:
+            assert "killed by SIGKILL" in str(exc), str(exc)
+            killed.append(exc.step)
+            finished = False
+        assert "ro" in root_options(c.pid), f"writable after a kill at step {killed[-1]!r}"
+        assert c.run() == "Read-only file system\n", f"killed at {killed}"
+        if finished:
+            break
+    assert finished and len(killed) >= 5, killed
+
+
+_IN_OPEN = 0x20
+
+
+class OpenWatch:
+    """inotify ``IN_OPEN`` on one file of a container's root (seen from the host):
+    every *successful* open of that inode, a device node's included, is an event
+    (an ``O_PATH`` open is not, nor an open of what replaces it)."""
+
+    def __init__(self, path: Path) -> None:
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        assert self.fd >= 0
+        assert self._libc.inotify_add_watch(self.fd, str(path).encode(), _IN_OPEN) >= 0
+
+    def opens(self) -> int:
+        count = 0
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return count
+            at = 0
+            while at < len(data):
+                _, mask, _, size = struct.unpack_from("iIII", data, at)
+                count += bool(mask & _IN_OPEN)
+                at += 16 + size
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def _plant(kind: str, where: Path) -> None:
+    where.parent.mkdir(parents=True, exist_ok=True)
+    where.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(where, 0o666)
+    else:  # /dev/null's numbers: harmless to open, and an open shows as an inotify event
+        os.mknod(where, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo"])
+@pytest.mark.parametrize("path", ["/etc/ld.so.conf.d/00-nri-gpu.conf", "/etc/ld.so.cache"], ids=["conf", "cache"])
+def test_a_device_or_fifo_where_our_files_go_is_never_opened(
+    runc: RuncHost, plan: Plan, each: StartWork, kind: str, path: str
+) -> None:
+    """The worker runs in the plugin's cgroup, with no device restriction: an open
+    of an image's ``c 10 130`` (a watchdog) would be done with root's rights. Opens
+    go through a ``nodev`` copy of the root; a FIFO is opened ``O_NONBLOCK`` (no
+    side effect, never a wait) and refused by its type. Both are replaced."""
+    c = gpu_container(runc, plan, f"ls -l {path}", prepare=lambda r: _plant(kind, r / path.lstrip("/")))
+    watch = OpenWatch(c.rootfs / path.lstrip("/"))
+    try:
+        began = time.monotonic()
+        start(c.pid, each)
+        assert time.monotonic() - began < 1.0
+        if kind == "device":
+            assert watch.opens() == 0, f"the device node at {path} was opened"
+    finally:
+        watch.close()
+    assert c.run().startswith("-rw-r--r--")  # replaced by a regular file of ours
+    assert "libcuda.so.1" in cache_paths(c)
+
+
+def test_ldconfig_opens_no_device_an_image_conf_file_is(runc: RuncHost, plan: Plan, rebuild: StartWork) -> None:
+    """``rebuild``: the image's own conf files are read by ldconfig, in its view of
+    the container: ``nodev`` too."""
+    conf = "etc/ld.so.conf.d/zz-device.conf"
+
+    def prepare(rootfs: Path) -> None:
+        (rootfs / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+        _plant("device", rootfs / conf)
+
+    c = gpu_container(runc, plan, "true", prepare=prepare)
+    watch = OpenWatch(c.rootfs / conf)
+    try:
+        start(c.pid, rebuild)
+        assert watch.opens() == 0, "ldconfig opened the device node"
+    finally:
+        watch.close()
+    assert "libcuda.so.1" in cache_paths(c)
+
+
+def _nspid(pid: int) -> list[int]:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("NSpid:"):
+            return [int(x) for x in line.split()[1:]]
+    raise AssertionError("no NSpid")
+
+
+def test_ldconfig_runs_in_namespaces_of_its_own(runc: RuncHost, plan: Plan, rebuild: StartWork, sleeper: Path) -> None:
+    """Not in the container's pid, net or IPC namespace: a sidecar of the same uid
+    in a shared process namespace could otherwise ptrace it."""
+    c = gpu_container(runc, plan, "true")
+    errors: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            run_start(c.pid, rebuild, ldconfig=str(sleeper), timeout=1.5)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 1.0
+        while not _running(sleeper) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (pid,) = _running(sleeper)
+        assert _nspid(pid)[1:] == [1]  # pid 1 of a namespace right below ours
+        for ns in ("pid", "net", "ipc", "uts", "mnt"):
+            theirs = os.readlink(f"/proc/{pid}/ns/{ns}")
+            assert theirs != os.readlink(f"/proc/{c.pid}/ns/{ns}"), ns
+            assert theirs != os.readlink(f"/proc/self/ns/{ns}"), ns
+    finally:
+        thread.join()
+    assert errors and "did not finish before the deadline" in str(errors[0])
+
+
+def test_the_hosts_mount_namespace_is_refused_seen_from_a_plugin_container(
+    runc: RuncHost, plan: Plan, work: StartWork, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a DaemonSet the plugin's own namespace and root are its container's; pid 1's
+    (the host pid namespace) are the node's. Here container ``host`` plays pid 1."""
+    host = gpu_container(runc, plan, "true")
+    monkeypatch.setattr(
+        actions,
+        "_NOT_CONTAINERS",
+        (("/proc/self", "the plugin's"), (f"/proc/{host.pid}", "the host's (pid 1's)")),
+        raising=False,
+    )
+    with pytest.raises(StartError, match=r"enter: process \d+ shares the host's \(pid 1's\) mount namespace"):
+        run_start(host.pid, work)
+
+
+def test_a_host_process_with_a_mount_namespace_of_its_own_is_refused(
+    runc: RuncHost, plan: Plan, work: StartWork, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A host service with a private mount namespace (``PrivateTmp``) has the host's
+    root: refused by comparing with pid 1's root, as the plugin (here: container
+    ``plugin`` plays its container) has another root. Nothing is asked of the
+    work, so a miss could not write into the host."""
+    plugin = gpu_container(runc, plan, "true")
+    # This process stands in for pid 1, which a sandboxed test machine may not let
+    # even root look at: like pid 1, it has the host's root.
+    init = f"/proc/{os.getpid()}"
+    monkeypatch.setattr(
+        actions,
+        "_NOT_CONTAINERS",
+        ((f"/proc/{plugin.pid}", "the plugin's"), (init, "the host's (pid 1's)")),
+        raising=False,
+    )
+    service = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sleep", "60"])
+    try:
+        deadline = time.monotonic() + 5
+        while os.readlink(f"/proc/{service.pid}/exe").endswith("unshare") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert os.readlink(f"/proc/{service.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+        nothing = dataclasses.replace(work, visible_bus_ids=(), symlinks=(), ldconfig_folders=(), proc_source=None)
+        with pytest.raises(StartError, match=r"enter: process \d+ has the host's \(pid 1's\) root: not a container"):
+            run_start(service.pid, nothing)
+    finally:
+        service.kill()
+        service.wait()
+
+
+def test_a_pid_outside_the_containers_cgroup_is_refused(runc: RuncHost, plan: Plan, work: StartWork) -> None:
+    c, other = gpu_container(runc, plan, "true"), gpu_container(runc, plan, "true")
+    with pytest.raises(
+        StartError, match=rf"enter: process {c.pid} is not in the container's cgroup '{other.cgroups_path}'"
+    ):
+        run_start(c.pid, dataclasses.replace(work, cgroups_path=other.cgroups_path))
+    assert start(c.pid, dataclasses.replace(work, cgroups_path=c.cgroups_path)).procfs == "created"
+
+
+MAX_CACHE_SIZE, MAX_ENTRIES = 8 << 20, 1 << 16  # engine.ldcache's, spelled out as the contract
+
+
+def _big_cache(rootfs: Path, what: str) -> None:
+    entry = LdCacheEntry("libz.so.1", "/lib/libz.so.1", 0x0303, True, 0)
+    count = 1000 if what == "size" else MAX_ENTRIES + 1
+    data = encode(LdCache((entry,) * count))
+    if what == "size":
+        data += b"\0" * (MAX_CACHE_SIZE + 1 - len(data))
+    (rootfs / "etc/ld.so.cache").write_bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("what", "message"),
+    [
+        ("size", rf"{(8 << 20) + 1} bytes, over the limit of {8 << 20} bytes for an image's ld.so.cache"),
+        ("entries", rf"/etc/ld.so.cache: new-format ld.so.cache nlibs={(1 << 16) + 1} .*over the limit of 65536"),
+    ],
+)
+def test_an_image_cache_over_a_limit_fails_the_start_quickly(
+    runc: RuncHost, plan: Plan, work: StartWork, what: str, message: str
+) -> None:
+    c = gpu_container(runc, plan, "true", prepare=lambda r: _big_cache(r, what))
+    began = time.monotonic()
+    with pytest.raises(StartError, match=rf"ld\.so\.cache: .*{message}"):
+        run_start(c.pid, work)
+    assert time.monotonic() - began < 0.5

@@ -13,7 +13,7 @@ from .stats import grows, percentile, summarize
 __all__ = ["CREATE_STEPS", "START_STEPS", "Target", "churn_dict", "evaluate", "handler_dict", "latency_dict", "render"]
 
 # The start engine's steps (engine/start/work.py StartReport), in the order they run.
-START_STEPS = ("enter", "procfs isolation", "read-only root", "symlinks", "ld.so.conf", "ld.so.cache", "ldconfig",
+START_STEPS = ("enter", "root copy", "procfs isolation", "symlinks", "ld.so.conf", "ld.so.cache", "ldconfig",
                "ldconfig process", "total")
 # CreateContainer's steps (plugin/handlers.py, the decision line's steps_ms).
 CREATE_STEPS = ("request", "plan", "adjustment")
