@@ -7,7 +7,11 @@ The file layer (``install``, ``uninstall``) reads and writes files, keeps a back
 of the original bytes next to the config (``<config>.nri-gpu-orig``) and a record
 of what it changed (``<config>.nri-gpu.json``) so that uninstall can restore the
 file byte for byte, or, when someone edited it since, revert only our own keys.
-Nothing here restarts a runtime; the CLI does that when asked.
+A second install (another ``--socket``) keeps the first backup and the first
+original values. Every file is read and written by descriptor, and a link where a
+regular file belongs is refused (``plugin.config_files``); a record that is not
+what we write is refused by name. Nothing here restarts a runtime; the CLI does
+that when asked.
 """
 
 from __future__ import annotations
@@ -16,8 +20,6 @@ import dataclasses
 import difflib
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ import tomlkit.exceptions
 from tomlkit.items import Table
 
 from plugin.config import DEFAULT_SOCKET
+from plugin.config_files import Folder
 
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 CRIO_DROPIN_DIR = "/etc/crio/crio.conf.d"
@@ -253,36 +256,9 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _write(path: Path, data: bytes, like: os.stat_result | None = None) -> None:
-    """Replace ``path`` atomically, keeping the old file's mode and owner."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if like is not None:
-            os.chmod(tmp, like.st_mode & 0o7777)
-            try:
-                os.chown(tmp, like.st_uid, like.st_gid)
-            except PermissionError:
-                pass
-        else:
-            os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _read(path: Path) -> bytes | None:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise SetupError(f"{path}: cannot read: {exc.strerror}") from exc
+_CONFIG_LINK = "nri-gpu edits only a regular file: point --config at the real file"
+_OURS_LINK = "nri-gpu wrote a regular file there and follows no link; remove it by hand"
+_KEYS = {"disable": bool, "disable_connections": bool, "socket_path": str}
 
 
 def _decode(data: bytes, path: Path) -> str:
@@ -300,33 +276,88 @@ def record_path(path: Path) -> Path:
     return path.with_name(path.name + RECORD_SUFFIX)
 
 
-def _load_record(path: Path) -> dict[str, Any] | None:
-    data = _read(record_path(path))
-    if data is None:
-        return None
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """What install changed: whether it created the file, the keys (with the
+    first original's values), and the hash of what it wrote last."""
+
+    created: bool
+    changes: list[Change]
+    written_sha256: str
+
+    def to_bytes(self) -> bytes:
+        record = {
+            "tool": "nri-gpu",
+            "runtime": "containerd",
+            "created": self.created,
+            "changes": [dataclasses.asdict(c) for c in self.changes],
+            "written_sha256": self.written_sha256,
+        }
+        return (json.dumps(record, indent=2) + "\n").encode()
+
+
+def parse_record(data: bytes, source: str) -> Record:
+    """The install record ``data``; SetupError naming ``source`` for anything else
+    (the file is ours, so anything else was written by someone or something else)."""
     try:
-        record = json.loads(data)
-        if not isinstance(record, dict) or not isinstance(record.get("changes"), list):
-            raise ValueError("not a record")
-        return record
-    except ValueError as exc:
-        raise SetupError(f"{record_path(path)}: unreadable install record ({exc}); remove it by hand") from exc
+        value = json.loads(data)
+        if not isinstance(value, dict):
+            raise ValueError("not a JSON object")
+        created, changes, sha = value.get("created", False), value.get("changes"), value.get("written_sha256", "")
+        if not isinstance(created, bool) or not isinstance(sha, str) or not isinstance(changes, list):
+            raise ValueError("'created', 'changes' or 'written_sha256' has the wrong type")
+        return Record(created, [_parse_change(c) for c in changes], sha)
+    except (ValueError, RecursionError) as exc:
+        why = str(exc)[:200]
+        raise SetupError(f"{source}: unreadable install record ({why}); remove it by hand") from exc
+
+
+def _parse_change(value: object) -> Change:
+    if not isinstance(value, dict) or set(value) != {"key", "old", "new"}:
+        raise ValueError("a change is not an object with exactly key, old and new")
+    key, old, new = value["key"], value["old"], value["new"]
+    kind = _KEYS.get(key) if isinstance(key, str) else None
+    if kind is None:
+        raise ValueError(f"{str(key)[:50]!r} is not a key nri-gpu sets")
+    if not isinstance(new, kind) or not (old is None or isinstance(old, (bool, int, float, str))):
+        raise ValueError(f"the values of {key!r} have the wrong type")
+    return Change(key, old, new)
+
+
+def _load_record(folder: Folder, path: Path) -> Record | None:
+    found = folder.read(record_path(path).name, if_link=_OURS_LINK)
+    return None if found is None else parse_record(found[0], str(record_path(path)))
+
+
+def _merged(first: Record, changes: list[Change]) -> list[Change]:
+    """``changes`` on top of an earlier install's: a key both set keeps the value it
+    had before the first install, so that uninstall restores that one."""
+    before = {c.key: c.old for c in first.changes}
+    now = {c.key: c for c in changes}
+    kept = [Change(c.key, c.old, now.pop(c.key).new) if c.key in now else c for c in first.changes]
+    return kept + [Change(c.key, before.get(c.key, c.old), c.new) for c in now.values()]
 
 
 def install_containerd(path: Path, socket: str | None, dry_run: bool = False) -> Result:
-    data = _read(path)
-    record = _load_record(path)
-    if data is None:
+    with Folder(path.parent, create=not dry_run) as folder:
+        return _install_containerd(folder, path, socket, dry_run)
+
+
+def _install_containerd(folder: Folder, path: Path, socket: str | None, dry_run: bool) -> Result:
+    found = folder.read(path.name, if_link=_CONFIG_LINK)
+    record = _load_record(folder, path)
+    if found is None:
         text = containerd_new_file(socket)
         result = Result(path, True, [f"{path}: created with NRI enabled ({NRI_HEADER} disable = false)"])
         result.diff = unified_diff(None, text, path)
         if not dry_run:
-            _write(path, text.encode())
             written = [Change("disable", None, False), Change("disable_connections", None, False)]
             if socket is not None:
                 written.append(Change("socket_path", None, socket))
-            _write(record_path(path), _record(True, written, text.encode()))
+            folder.write(record_path(path).name, Record(True, written, _sha(text.encode())).to_bytes())
+            folder.write(path.name, text.encode())
         return result
+    data, info = found
     before = _decode(data, path)
     version = containerd_version(before, str(path))
     check_cri_enabled(before, str(path))
@@ -345,17 +376,23 @@ def install_containerd(path: Path, socket: str | None, dry_run: bool = False) ->
     result = Result(
         path, True, [f"{path}: {NRI_HEADER} {c.key} = {_show(c.new)} (was {_show(c.old)})" for c in changes]
     )
-    if record is not None:
+    result.diff = unified_diff(before, after, path)
+    # Installed before and untouched since: the backup and the values to restore
+    # are the first install's, whatever this one changes.
+    again = record is not None and record.written_sha256 == _sha(data)
+    if record is not None and not again:
         result.warnings.append(
             f"{path}: changed since the last install (our keys were undone); the earlier backup "
             f"{backup_path(path)} is replaced by the current file"
         )
-    result.diff = unified_diff(before, after, path)
     if not dry_run:
-        stat = path.stat()
-        _write(backup_path(path), data, stat)
-        _write(record_path(path), _record(False, changes, after.encode()))
-        _write(path, after.encode(), stat)
+        if record is not None and again:
+            new_record = Record(record.created, _merged(record, changes), _sha(after.encode()))
+        else:
+            folder.write(backup_path(path).name, data, info)
+            new_record = Record(False, changes, _sha(after.encode()))
+        folder.write(record_path(path).name, new_record.to_bytes())
+        folder.write(path.name, after.encode(), info)
     return result
 
 
@@ -363,31 +400,27 @@ def _show(value: Any) -> str:
     return "unset" if value is None else tomlkit.item(value).as_string()
 
 
-def _record(created: bool, changes: list[Change], written: bytes) -> bytes:
-    record = {
-        "tool": "nri-gpu",
-        "runtime": "containerd",
-        "created": created,
-        "changes": [dataclasses.asdict(c) for c in changes],
-        "written_sha256": _sha(written),
-    }
-    return (json.dumps(record, indent=2) + "\n").encode()
-
-
 def uninstall_containerd(path: Path, dry_run: bool = False) -> Result:
-    record = _load_record(path)
+    with Folder(path.parent) as folder:
+        return _uninstall_containerd(folder, path, dry_run)
+
+
+def _uninstall_containerd(folder: Folder, path: Path, dry_run: bool) -> Result:
+    record = _load_record(folder, path)
     if record is None:
         return Result(path, False, [f"{path}: no install record ({record_path(path)}); nothing to undo"])
-    data = _read(path)
+    found = folder.read(path.name, if_link=_CONFIG_LINK)
     backup = backup_path(path)
-    original = None if record.get("created") else _read(backup)
-    if not record.get("created") and original is None:
+    kept = None if record.created else folder.read(backup.name, if_link=_OURS_LINK)
+    if not record.created and kept is None:
         raise SetupError(f"{backup}: the backup of the original file is missing; not touching {path}")
+    original = None if kept is None else kept[0]
     result = Result(path, True)
-    if data is None:
+    if found is None:
         result.warnings.append(f"{path}: gone since install; only removing our record")
         result.changed = False
-    elif _sha(data) == record.get("written_sha256"):
+    elif _sha(found[0]) == record.written_sha256:
+        data, info = found
         if original is None:
             result.messages.append(f"{path}: removed (nri-gpu created it)")
             result.diff = unified_diff(_decode(data, path), None, path)
@@ -396,56 +429,62 @@ def uninstall_containerd(path: Path, dry_run: bool = False) -> Result:
             result.diff = unified_diff(_decode(data, path), _decode(original, backup), path)
         if not dry_run:
             if original is None:
-                path.unlink()
+                folder.remove(path.name)
             else:
-                _write(path, original, path.stat())
+                folder.write(path.name, original, info)
     else:
+        data, info = found
         before = _decode(data, path)
-        changes = [Change(**c) for c in record["changes"]]
-        after, warnings = containerd_revert(before, changes, str(path))
+        after, warnings = containerd_revert(before, record.changes, str(path))
         result.warnings.append(f"{path}: changed since install; reverting only nri-gpu's keys in {NRI_HEADER}")
         result.warnings += warnings
-        result.messages.append(f"{path}: reverted {NRI_HEADER} keys " + ", ".join(c.key for c in changes))
+        result.messages.append(f"{path}: reverted {NRI_HEADER} keys " + ", ".join(c.key for c in record.changes))
         result.diff = unified_diff(before, after, path)
         result.changed = after != before
         if not dry_run and result.changed:
-            _write(path, after.encode(), path.stat())
+            folder.write(path.name, after.encode(), info)
     if not dry_run:
-        backup.unlink(missing_ok=True)
-        record_path(path).unlink(missing_ok=True)
+        folder.remove(backup.name)
+        folder.remove(record_path(path).name)
     return result
 
 
 def install_crio(dropin_dir: Path, socket: str | None, dry_run: bool = False) -> Result:
     path = dropin_dir / CRIO_DROPIN_NAME
     text = crio_dropin(socket)
-    data = _read(path)
-    if data is not None:
-        if data == text.encode():
-            return Result(path, False, [f"{path}: already set up ([crio.nri] enable_nri = true); nothing to change"])
-        raise SetupError(
-            f"{path}: exists with other content; not overwriting it "
-            f"(run nri-gpu uninstall --runtime crio, or remove it, then install again)"
-        )
-    result = Result(path, True, [f"{path}: created ([crio.nri] enable_nri = true)"])
-    result.diff = unified_diff(None, text, path)
-    if not dry_run:
-        _write(path, text.encode())
-    return result
+    with Folder(dropin_dir, create=not dry_run) as folder:
+        found = folder.read(CRIO_DROPIN_NAME, if_link=_OURS_LINK)
+        if found is not None:
+            if found[0] == text.encode():
+                return Result(
+                    path, False, [f"{path}: already set up ([crio.nri] enable_nri = true); nothing to change"]
+                )
+            raise SetupError(
+                f"{path}: exists with other content; not overwriting it "
+                f"(run nri-gpu uninstall --runtime crio, or remove it, then install again)"
+            )
+        result = Result(path, True, [f"{path}: created ([crio.nri] enable_nri = true)"])
+        result.diff = unified_diff(None, text, path)
+        if not dry_run:
+            folder.write(CRIO_DROPIN_NAME, text.encode())
+        return result
 
 
 def uninstall_crio(dropin_dir: Path, dry_run: bool = False) -> Result:
     path = dropin_dir / CRIO_DROPIN_NAME
-    data = _read(path)
-    if data is None:
-        return Result(path, False, [f"{path}: not there; nothing to undo"])
-    text = data.decode(errors="replace")
-    if not crio_dropin_is_ours(text):
-        raise SetupError(f"{path}: changed since nri-gpu wrote it; left in place (remove it by hand if it should go)")
-    result = Result(path, True, [f"{path}: removed"], unified_diff(text, None, path))
-    if not dry_run:
-        path.unlink()
-    return result
+    with Folder(dropin_dir) as folder:
+        found = folder.read(CRIO_DROPIN_NAME, if_link=_OURS_LINK)
+        if found is None:
+            return Result(path, False, [f"{path}: not there; nothing to undo"])
+        text = found[0].decode(errors="replace")
+        if not crio_dropin_is_ours(text):
+            raise SetupError(
+                f"{path}: changed since nri-gpu wrote it; left in place (remove it by hand if it should go)"
+            )
+        result = Result(path, True, [f"{path}: removed"], unified_diff(text, None, path))
+        if not dry_run:
+            folder.remove(CRIO_DROPIN_NAME)
+        return result
 
 
 def install(runtime: str, config: Path | None, socket: str | None, dry_run: bool = False) -> Result:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from plugin.config_doc import default_config
+from plugin.config_files import FileRefused
 from plugin.runtime_setup import (
     CONTAINERD_CONFIG,
     CRIO_DROPIN_DIR,
@@ -68,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
             result = install(args.runtime, args.config, args.socket, args.dry_run)
         else:
             result = uninstall(args.runtime, args.config, args.dry_run)
-    except SetupError as exc:
+    except (SetupError, FileRefused) as exc:
         print(f"nri-gpu: refused: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:

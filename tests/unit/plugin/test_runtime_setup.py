@@ -8,7 +8,13 @@ CRI-O has no package for this host (bookworm), so its drop-in is checked as TOML
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -388,3 +394,156 @@ def test_a_config_with_cri_disabled_is_refused_and_left_alone(
     assert f"disabled_plugins contains '{name}'" in err and str(config) in err
     assert config.read_text() == original
     assert not list(tmp_path.glob("config.toml.nri-gpu*"))
+
+
+# ------------------------------------------------------------------ hostile files beside the config
+
+
+def test_a_symlinked_config_is_refused_and_stays_a_link(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # install used to replace the link with a regular file: the real file, which
+    # the operator edits, no longer was the runtime's config.
+    real = tmp_path / "real.toml"
+    real.write_text(HAND_WRITTEN)
+    config = tmp_path / "config.toml"
+    config.symlink_to(real)
+    assert cli("install", "--runtime", "containerd", "--config", str(config)) == 1
+    err = capsys.readouterr().err
+    assert f"{config} is a symbolic link (to {real})" in err and "point --config at the real file" in err
+    assert config.is_symlink() and real.read_text() == HAND_WRITTEN
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml", "real.toml"]
+
+
+@pytest.mark.parametrize("which", ["backup", "record"])
+def test_a_backup_or_record_swapped_for_a_link_is_not_followed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], which: str
+) -> None:
+    # Whoever can write the folder points the backup at a file only root may read;
+    # uninstall would have copied it into the (world-readable) config.
+    config = tmp_path / "config.toml"
+    config.write_text(HAND_WRITTEN)
+    assert cli("install", "--runtime", "containerd", "--config", str(config)) == 0
+    installed = config.read_bytes()
+    secret = tmp_path / "secret"
+    secret.write_text('version = 2\n# root only\n{"created": true, "changes": [], "written_sha256": ""}\n')
+    secret.chmod(0o600)
+    planted = backup_path(config) if which == "backup" else record_path(config)
+    planted.unlink()
+    planted.symlink_to(secret)
+    capsys.readouterr()
+    assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 1
+    err = capsys.readouterr().err
+    assert f"{planted} is a symbolic link" in err and "Traceback" not in err
+    assert config.read_bytes() == installed and planted.is_symlink()
+
+
+def test_a_backup_swapped_for_a_fifo_does_not_hang_uninstall(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(HAND_WRITTEN)
+    assert cli("install", "--runtime", "containerd", "--config", str(config)) == 0
+    backup_path(config).unlink()
+    os.mkfifo(backup_path(config))
+    argv = [sys.executable, "-m", "plugin", "uninstall", "--runtime", "containerd", "--config", str(config)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+    assert done.returncode == 1
+    assert f"{backup_path(config)} is not a regular file" in done.stderr
+
+
+def test_a_temporary_file_swapped_for_a_link_never_changes_the_links_target(tmp_path: Path) -> None:
+    # uid 1000 may write the config's folder (a mistake, but one that must not give
+    # them more): it swaps every temporary file of ours for a link to a file only
+    # root may read. Root's chmod and chown by name used to follow that link.
+    folder = Path(tempfile.mkdtemp(prefix="nri-gpu-etc-"))  # pytest's tmp_path is root's alone
+    config = folder / "config.toml"
+    secret = tmp_path / "secret"
+    secret.write_text("root only\n")
+    secret.chmod(0o600)
+    os.chown(folder, 1000, 1000)
+    attacker = os.fork()
+    if attacker == 0:  # the user, swapping as fast as it can, for 30 s at most
+        try:
+            os.setgid(1000)
+            os.setuid(1000)
+            end = time.monotonic() + 30
+            while time.monotonic() < end:
+                for name in os.listdir(folder):
+                    if name.startswith(".config.toml."):
+                        try:
+                            os.unlink(folder / name)
+                            os.symlink(secret, folder / name)
+                        except OSError:
+                            pass
+        finally:
+            os._exit(0)
+    codes = []
+    try:
+        for _ in range(40):
+            for leftover in folder.iterdir():
+                leftover.unlink(missing_ok=True)  # the attacker may be quicker
+            config.write_text(HAND_WRITTEN)
+            config.chmod(0o644)
+            # 1 when the swap is seen, 0 when the attacker was too slow
+            codes.append(cli("install", "--runtime", "containerd", "--config", str(config)))
+            assert secret.stat().st_mode & 0o777 == 0o600 and secret.read_text() == "root only\n"
+    finally:
+        os.kill(attacker, signal.SIGKILL)
+        os.waitpid(attacker, 0)
+        shutil.rmtree(folder)
+    assert set(codes) <= {0, 1} and 1 in codes, codes  # the attacker did get in, and was seen
+
+
+@pytest.mark.parametrize("socket", [None, "/run/nri/a.sock"])
+def test_a_second_install_with_another_socket_keeps_the_first_original(
+    tmp_path: Path, containerd: dict[int, Path], socket: str | None
+) -> None:
+    config = tmp_path / "config.toml"
+    original = default_config(containerd[2]).encode()
+    config.write_bytes(original)
+    first = ["--socket", socket] if socket else []
+    assert cli("install", "--runtime", "containerd", "--config", str(config), *first) == 0
+    assert cli("install", "--runtime", "containerd", "--config", str(config), "--socket", "/run/nri/b.sock") == 0
+    assert nri_of(dump(containerd[2], config))["socket_path"] == "/run/nri/b.sock"
+    assert backup_path(config).read_bytes() == original
+    assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 0
+    assert files(tmp_path) == {"config.toml": original}
+
+
+def test_a_second_install_into_a_file_we_created_still_removes_it(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    assert cli("install", "--runtime", "containerd", "--config", str(config), "--socket", "/run/nri/a.sock") == 0
+    assert cli("install", "--runtime", "containerd", "--config", str(config), "--socket", "/run/nri/b.sock") == 0
+    assert 'socket_path = "/run/nri/b.sock"' in config.read_text()
+    assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 0
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        b"[]",
+        b'{"changes": [1]}',
+        b'{"changes": [{"key": "disable"}]}',
+        b'{"changes": [{"key": "disable", "old": null, "new": false, "extra": 1}]}',
+        b'{"changes": [{"key": "plugin_path", "old": null, "new": "/x"}]}',
+        b'{"created": "yes", "changes": []}',
+        b"[" * 100_000,
+        b"\xff\xfe",
+    ],
+    ids=["list", "change-not-object", "change-short", "change-extra", "foreign-key", "created-str", "deep", "binary"],
+)
+@pytest.mark.parametrize("command", ["install", "uninstall"])
+def test_a_malformed_record_is_a_clean_refusal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], record: bytes, command: str
+) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(HAND_WRITTEN)
+    assert cli("install", "--runtime", "containerd", "--config", str(config)) == 0
+    installed = files(tmp_path)
+    record_path(config).write_bytes(record)
+    capsys.readouterr()
+    assert cli(command, "--runtime", "containerd", "--config", str(config)) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"nri-gpu: refused: {record_path(config)}: ") and "remove it by hand" in err
+    assert len(err) < 1000
+    assert {k: v for k, v in files(tmp_path).items() if k != record_path(config).name} == {
+        k: v for k, v in installed.items() if k != record_path(config).name
+    }
