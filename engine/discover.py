@@ -229,7 +229,10 @@ class InventoryCache:
     ``get()`` is cheap enough for every request: at most every ``interval``
     seconds it compares ``fingerprint`` (two small procfs reads) with the last
     one and re-runs discovery when a new driver was loaded or GPUs appeared or
-    disappeared.
+    disappeared. That discovery runs a CUDA probe (seconds at worst), so an
+    event loop never calls ``get()``: it reads ``current`` and runs ``refresh()``
+    in a thread (``plugin.inventory``); the inventory is replaced in a single
+    assignment once the new one is complete.
     """
 
     def __init__(
@@ -248,6 +251,16 @@ class InventoryCache:
         self._inventory = take(config)
         self._checked = clock()
 
+    @property
+    def current(self) -> Inventory:
+        """The inventory as last taken; checks nothing."""
+        return self._inventory
+
+    @property
+    def interval(self) -> float:
+        """Seconds between two checks of the fingerprint."""
+        return self._interval
+
     def get(self) -> Inventory:
         if self._clock() - self._checked >= self._interval:
             self.refresh()
@@ -260,6 +273,7 @@ class InventoryCache:
         if current == self._fingerprint:
             return False
         logger.info("driver state changed; taking the node's inventory again")
-        self._fingerprint = current
-        self._inventory = self._take(self._config)
+        inventory = self._take(self._config)
+        # Only now: a discovery that raised is tried again at the next check.
+        self._fingerprint, self._inventory = current, inventory
         return True

@@ -16,16 +16,19 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.discover import InventoryCache
-from engine.errors import EngineError, StartError
-from engine.model import Plan
+from engine.errors import EngineError, StartError, UnknownDeviceError
+from engine.model import Inventory, Plan
 from engine.plan import plan as make_plan
 from engine.request import parse_request
 from engine.start.runner import find_init_pid, run_start_async, shows_driver_view
 from engine.start.work import start_work
+from plugin import budget
 from plugin._proto import nri_pb2 as api
 from plugin.adjustment import GPUS_ANNOTATION, to_adjustment
 from plugin.errors import PluginError
+from plugin.inventory import LiveInventory
 from plugin.metrics import STEP_PLAN, STEP_START, PluginMetrics
+from plugin.offloop import map_until
 from plugin.request import container_info, describe, may_request
 
 logger = logging.getLogger(__name__)
@@ -47,20 +50,49 @@ class GpuPlugin:
         metrics: PluginMetrics | None = None,
     ) -> None:
         self._config = config
-        self._inventory = inventory if inventory is not None else InventoryCache(config)
+        # Taken here, before the plugin connects: the first request must not pay for it.
+        self._inventory = LiveInventory(inventory if inventory is not None else InventoryCache(config))
         self._starter = starter
         self._view_check = view_check
         self._metrics = metrics
         if metrics is not None:
-            metrics.inventory_gpus.set(len(self._inventory.get().gpus))
+            metrics.inventory_gpus.set(len(self._inventory.current().gpus))
         # Plans made at CreateContainer, used at StartContainer; a miss is
         # planned again or refused (``_replan``).
         self._pending: dict[str, Plan] = {}
 
-    def _plan(
-        self, pod: api.PodSandbox, container: api.Container, steps: dict[str, float] | None = None
+    async def _plan(
+        self, pod: api.PodSandbox, container: api.Container, steps: dict[str, float] | None = None, share: float = 1.0
     ) -> Plan | None:
-        """Request -> plan; ``steps`` gets the milliseconds of ``request`` and ``plan``."""
+        """Request -> plan; ``steps`` gets the milliseconds of ``request`` and ``plan``.
+
+        A GPU the inventory lacks may be one a refresh in flight (new driver,
+        hot plug) is about to add: that waits for it, at most ``share`` of the
+        time the runtime still gives the request, then plans again or refuses.
+        """
+        inventory = self._inventory.current()
+        try:
+            return self._plan_on(inventory, pod, container, steps)
+        except PluginError as exc:
+            if not isinstance(exc.__cause__, UnknownDeviceError):
+                raise
+            missing = exc
+        began = time.perf_counter()
+        newer = await self._inventory.newer(budget.left() * share)
+        if steps is not None:
+            steps["inventory_wait"] = (time.perf_counter() - began) * 1000
+        if newer is None:
+            raise PluginError(
+                f"{missing}; the node's inventory is being taken again (the driver state changed) and was not "
+                "ready in time; try again"
+            ) from missing.__cause__
+        if newer is inventory:
+            raise missing
+        return self._plan_on(newer, pod, container, steps)
+
+    def _plan_on(
+        self, inventory: Inventory, pod: api.PodSandbox, container: api.Container, steps: dict[str, float] | None
+    ) -> Plan | None:
         try:
             began = time.perf_counter()
             outcome = parse_request(container_info(pod, container), self._config.policy)
@@ -69,7 +101,6 @@ class GpuPlugin:
                 logger.info("%s: %s", describe(pod, container), note)
             if outcome.request is None:
                 return None
-            inventory = self._inventory.get()
             if self._metrics is not None:
                 self._metrics.inventory_gpus.set(len(inventory.gpus))
             result = make_plan(outcome.request, inventory, self._config)
@@ -88,7 +119,7 @@ class GpuPlugin:
         began = time.perf_counter()
         steps: dict[str, float] = {}
         try:
-            plan = self._plan(pod, container, steps)
+            plan = await self._plan(pod, container, steps)
         except PluginError as exc:
             ms = self._took(STEP_PLAN, began)
             fields = _fields("CreateContainer", pod, container, decision="refused", reason=str(exc), duration_ms=ms)
@@ -151,7 +182,7 @@ class GpuPlugin:
         began = time.perf_counter()
         who = describe(pod, container)
         try:
-            plan = self._pending.pop(container.id, None) or self._replan(pod, container)
+            plan = self._pending.pop(container.id, None) or await self._replan(pod, container)
         except PluginError as exc:
             self._log_start_refusal(pod, container, began, str(exc), exc)
             raise
@@ -162,8 +193,11 @@ class GpuPlugin:
             pid = container.pid or find_init_pid(container.linux.cgroups_path, container=who)
             await self._starter(
                 pid,
-                start_work(plan, who, self._config.proc_root, self._config.ld_cache),
+                start_work(plan, who, self._config.proc_root, self._config.ld_cache, container.linux.cgroups_path),
                 ldconfig=self._config.ldconfig,
+                # What the runtime still gives this request: the worker is killed in
+                # time for the refusal to reach it (budget.REPLY_MARGIN).
+                timeout=budget.left(),
                 on_report=lambda report: self._on_start_report(who, report.timings_ms, steps),
             )
         except EngineError as exc:
@@ -193,7 +227,7 @@ class GpuPlugin:
         fields = _fields("StartContainer", pod, container, decision="start_refused", reason=reason, duration_ms=ms)
         logger.warning("%s: start refused: %s", describe(pod, container), exc, extra={"nri_gpu": fields})
 
-    def _replan(self, pod: api.PodSandbox, container: api.Container) -> Plan | None:
+    async def _replan(self, pod: api.PodSandbox, container: api.Container) -> Plan | None:
         """The plan of a container created without this process's knowledge.
 
         Either an earlier run of the plugin created it (it carries our
@@ -202,7 +236,7 @@ class GpuPlugin:
         but has none of their devices or files): fail closed, never start a GPU
         container half-equipped.
         """
-        plan = self._plan(pod, container)
+        plan = await self._plan(pod, container, share=0.5)  # the rest is the start work's
         if plan is None:
             return None
         given = container.annotations.get(GPUS_ANNOTATION)
@@ -228,7 +262,9 @@ class GpuPlugin:
         files but not the start work: no /proc view, links or ld.so cache).
         Say so once, loudly, for each, so an operator can recreate it.
         """
+        began = time.perf_counter()
         by_id = {pod.id: pod for pod in pods}
+        equipped: list[tuple[api.PodSandbox, api.Container]] = []
         for container in containers:
             pod = by_id.get(container.pod_sandbox_id)
             if (
@@ -240,7 +276,14 @@ class GpuPlugin:
             given = container.annotations.get(GPUS_ANNOTATION)
             if given is None:
                 self._name_if_unequipped(pod, container)
-            elif given != "none" and container.pid > 0 and self._view_check(container.pid) is False:
+            elif given != "none" and container.pid > 0:
+                equipped.append((pod, container))
+        # A look into each container's root: a few syscalls each, but the container
+        # owns what they walk through (a hung FUSE mount would stop them), so in a
+        # thread, and only as long as the runtime's deadline allows.
+        shown = await map_until(self._view_check, [c.pid for _, c in equipped], budget.left(), "nri-gpu-views")
+        for (pod, container), view in zip(equipped, shown, strict=False):  # shorter when time ran out
+            if view is False:
                 _name_running(
                     pod,
                     container,
@@ -249,6 +292,16 @@ class GpuPlugin:
                     "it has its GPUs' devices and driver files but not its start work (no /proc/driver view, "
                     "library links or ld.so cache): nri-gpu stopped, or the runtime dropped it, while it was starting",
                 )
+        ms = (time.perf_counter() - began) * 1000
+        if len(shown) < len(equipped):
+            logger.warning(
+                "Synchronize: %d of %d running GPU containers not checked for their start work: out of time "
+                "(%.0f ms)",
+                len(equipped) - len(shown),
+                len(equipped),
+                ms,
+            )
+        logger.debug("Synchronize: %d containers, %d views checked (%.1f ms)", len(containers), len(shown), ms)
 
     def _name_if_unequipped(self, pod: api.PodSandbox, container: api.Container) -> None:
         try:

@@ -37,6 +37,7 @@ from typing import Any
 from google.protobuf.message import DecodeError, Message
 
 from plugin._proto import nri_pb2 as api
+from plugin.budget import Timeouts, deadline_scope
 from plugin.config import PluginConfig
 from plugin.errors import PluginError, RegistrationError
 from plugin.events import Event, events_of, mask_of, valid_events
@@ -116,6 +117,8 @@ class Stub:
         self._sync_pods: list[api.PodSandbox] = []
         self._sync_containers: list[api.Container] = []
         self.runtime: RuntimeInfo | None = None
+        # The runtime's, from Configure: what a request without its own deadline gets.
+        self.timeouts = Timeouts()
         self.registrations = 0
         self._routes: dict[str, Callable[[bytes], Awaitable[Message]]] = self._build_routes()
         self._metrics = metrics
@@ -278,7 +281,13 @@ class Stub:
         # StateChange is counted under the event it carries (see _on_state_change).
         if self._metrics is not None and request.method != "StateChange":
             self._metrics.event(request.method)
-        reply = await route(request.payload)
+        # The handler's budget: the runtime's own deadline for this request when it
+        # sent one (containerd does), else the request timeout it configured.
+        deadline = request.deadline
+        if deadline is None:
+            deadline = asyncio.get_running_loop().time() + self.timeouts.request
+        with deadline_scope(deadline):
+            reply = await route(request.payload)
         return reply.SerializeToString()
 
     def _build_routes(self) -> dict[str, Callable[[bytes], Awaitable[Message]]]:
@@ -342,6 +351,9 @@ class Stub:
     async def _on_configure(self, payload: bytes) -> Message:
         req = _parse(api.ConfigureRequest, payload)
         self.runtime = RuntimeInfo(req.runtime_name, req.runtime_version, req.NRI_version, req.config)
+        self.timeouts = Timeouts.from_configure(req.registration_timeout, req.request_timeout)
+        logger.debug("runtime timeouts: registration %g s, request %g s", self.timeouts.registration,
+                     self.timeouts.request)
         valid = valid_events(req.runtime_name, req.runtime_version, req.NRI_version)
         events = self._wanted & valid
         if dropped := self._wanted & ~valid:

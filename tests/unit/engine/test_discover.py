@@ -322,3 +322,37 @@ def test_a_planted_socket_is_skipped_with_a_warning(ipc_node: SimNode, case: str
     assert PERSISTENCED not in files
     assert len(warnings) == 1, warnings
     assert ipc_node.driver_root.as_posix() + "/run/nvidia-persistenced" in warnings[0] and why in warnings[0], warnings
+
+
+# -- InventoryCache, refreshed off the event loop (plugin.inventory) ---------------------------
+
+
+def test_inventory_cache_current_reads_without_checking(tmp_path: Path) -> None:
+    node = build_node(tmp_path, gpus=2)
+    cache = InventoryCache(config_for(node), interval=0, take=lambda c: discover(c, cuda_version=no_cuda))
+    shutil.rmtree(node.proc_root / "driver/nvidia/gpus" / node.gpus[1].bus_id)
+    assert len(cache.current.gpus) == 2 and cache.interval == 0  # the loop's read: no procfs, no discovery
+    assert len(cache.get().gpus) == 1
+
+
+def test_a_discovery_that_failed_is_tried_again_at_the_next_check(tmp_path: Path) -> None:
+    """The refresh runs in a thread, where a failure is logged and the old inventory
+    kept; the change must not be forgotten with it (before: the new fingerprint was
+    kept, so the next check saw no change and the old inventory served for good)."""
+    node = build_node(tmp_path, gpus=2)
+    failing = [False]
+
+    def take(c: EngineConfig) -> Inventory:
+        if failing[0]:
+            raise OSError("the CUDA probe could not be started")
+        return discover(c, cuda_version=no_cuda)
+
+    cache = InventoryCache(config_for(node), interval=1e9, take=take)
+    shutil.rmtree(node.proc_root / "driver/nvidia/gpus" / node.gpus[1].bus_id)
+    failing[0] = True
+    with pytest.raises(OSError):
+        cache.refresh()
+    assert len(cache.get().gpus) == 2
+    failing[0] = False
+    assert cache.refresh() is True
+    assert len(cache.get().gpus) == 1

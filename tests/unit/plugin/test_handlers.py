@@ -4,14 +4,22 @@ namespace work itself is replaced by a recorder (it is tested against runc)."""
 from __future__ import annotations
 
 import asyncio
+import shutil
+import threading
+import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from engine.config import EngineConfig
+from engine.discover import InventoryCache, discover
 from engine.errors import StartError
+from engine.model import Inventory
 from engine.start.work import StartWork
 from plugin.events import Event
+from plugin.handlers import GpuPlugin
 from plugin.stub import Stub
 from plugin.ttrpc import StatusError
 from tests.fake_runtime import FakeRuntime, connected, container, pod
@@ -26,9 +34,11 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
 
 def test_start_gets_the_pid_and_the_planned_work(node: SimNode) -> None:
     calls: list[tuple[int, StartWork, str]] = []
+    timeouts: list[float] = []
 
-    async def starter(pid: int, work: StartWork, *, ldconfig: str, on_report: Any) -> None:
+    async def starter(pid: int, work: StartWork, *, ldconfig: str, timeout: float, on_report: Any) -> None:
         calls.append((pid, work, ldconfig))
+        timeouts.append(timeout)
 
     async def body(rt: FakeRuntime, stub: Stub) -> None:
         p, c = pod("train", "ml", annotations={"nvidia.com/gpus": "1"}), container("main")
@@ -51,6 +61,8 @@ def test_start_gets_the_pid_and_the_planned_work(node: SimNode) -> None:
     assert work.proc_source == str(node.proc_root) + "/driver/nvidia"
     assert work.container == 'container "main" in pod "ml/train"'
     assert any(s.path.endswith("/libcuda.so.1") for s in work.symlinks)
+    # The runtime's 2 s deadline, less the reply's margin and what the handler took.
+    assert 1.0 < timeouts[0] <= 2.0 - 0.3
 
 
 def test_a_failed_start_names_container_and_step_once(node: SimNode) -> None:
@@ -205,3 +217,142 @@ def test_a_plan_is_forgotten_when_its_container_is_removed_unstarted(node: SimNo
 
     asyncio.run(connected(plugin, body))
     assert plugin._pending == {} and calls == []  # nothing kept for a container that will never start
+
+
+# -- budgets: nothing slow on the event loop (docs/budgets.md) ------------------------------
+
+
+def _node_with_a_gpu_to_come(tmp_path: Path) -> tuple[SimNode, Path, Path, list[float]]:
+    """A 4-GPU node whose GPU 3 is hidden from procfs at first; (node, where its
+    folder is, where it is kept meanwhile, the delay of every discovery after the first)."""
+    node = build_node(tmp_path / "node", gpus=4)
+    folder = node.proc_root / "driver/nvidia/gpus" / node.gpus[3].bus_id
+    kept = tmp_path / "kept"
+    shutil.move(folder, kept)
+    return node, folder, kept, [0.0]
+
+
+def _slow_cache(node: SimNode, delay: list[float]) -> InventoryCache:
+    """Checked at every request (interval 0); each discovery after the first sleeps ``delay[0]``."""
+    config = EngineConfig(driver_root=str(node.driver_root), dev_root=str(node.dev_root), proc_root=str(node.proc_root))
+    takes: list[int] = []
+
+    def take(c: EngineConfig) -> Inventory:
+        if takes:
+            time.sleep(delay[0])
+        takes.append(1)
+        return discover(c, cuda_version=lambda p: ("12.4", None))
+
+    return InventoryCache(config, interval=0, take=take)
+
+
+async def _timed(call: Awaitable[Any]) -> tuple[float, Any]:
+    began = time.monotonic()
+    try:
+        result = await call
+    except StatusError as exc:
+        result = exc
+    return time.monotonic() - began, result
+
+
+def test_a_slow_discovery_never_holds_up_create_container(tmp_path: Path) -> None:
+    """A driver change makes the inventory be taken again, here in 4 s (a CUDA probe
+    timing out): meanwhile CreateContainer answers at once from the old inventory, and
+    a request for the GPU only the new one has waits a bounded time, then is refused
+    with the reason, before the runtime's 2 s deadline. Once the new inventory is in,
+    the GPU is given. (Before: the first request after the change ran the whole
+    discovery on the event loop and missed the deadline: the runtime drops the plugin.)"""
+    node, folder, kept, delay = _node_with_a_gpu_to_come(tmp_path)
+    plugin = gpu_plugin_on(node, _slow_cache(node, delay))
+    p = pod("train", "ml", annotations={"nvidia.com/gpus": "0"})
+    three = pod("three", "ml", annotations={"nvidia.com/gpus": "3"})
+
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
+        took, reply = await _timed(rt.create_container(p, container("a")))
+        assert not isinstance(reply, StatusError) and took < 0.5
+        shutil.move(kept, folder)  # GPU 3 appears: the next check starts a 4 s discovery
+        delay[0] = 4.0
+        changed = time.monotonic()
+        for name in ("b", "c", "d"):
+            took, reply = await _timed(rt.create_container(p, container(name)))
+            assert not isinstance(reply, StatusError), reply
+            assert took < 0.5, f"CreateContainer took {took:.2f} s while the inventory was taken again"
+        took, refused = await _timed(rt.create_container(three, container("early")))
+        assert isinstance(refused, StatusError), refused
+        assert "GPU 3 does not exist; this node has 3 GPUs" in refused.message
+        assert "being taken again" in refused.message and "try again" in refused.message
+        assert 1.0 < took < 2.0, f"refused after {took:.2f} s"
+        took, reply = await _timed(rt.create_container(p, container("e")))
+        assert not isinstance(reply, StatusError) and took < 0.5
+        await asyncio.sleep(max(0.0, changed + 4.5 - time.monotonic()))
+        took, given = await _timed(rt.create_container(three, container("late")))
+        assert not isinstance(given, StatusError), given
+        assert took < 0.5
+        assert [d.path for d in given.adjust.linux.devices if d.path[11:].isdigit()] == [
+            f"/dev/nvidia{node.gpus[3].minor}"
+        ]
+
+    asyncio.run(connected(plugin, body))
+
+
+def test_a_request_for_a_gpu_a_quick_refresh_brings_waits_for_it(tmp_path: Path) -> None:
+    node, folder, kept, delay = _node_with_a_gpu_to_come(tmp_path)
+    plugin = gpu_plugin_on(node, _slow_cache(node, delay))
+    three = pod("three", "ml", annotations={"nvidia.com/gpus": "3"})
+
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
+        shutil.move(kept, folder)
+        delay[0] = 0.3
+        took, given = await _timed(rt.create_container(three, container("main")))
+        assert not isinstance(given, StatusError), given
+        assert 0.3 <= took < 1.5
+        # A GPU that no refresh brings is refused at once after that one.
+        took, refused = await _timed(rt.create_container(pod("x", annotations={"nvidia.com/gpus": "7"}), container()))
+        assert isinstance(refused, StatusError) and "GPU 7 does not exist; this node has 4 GPUs" in refused.message
+        assert took < 0.5
+
+    asyncio.run(connected(plugin, body))
+
+
+def gpu_plugin_on(node: SimNode, cache: InventoryCache) -> GpuPlugin:
+    config = EngineConfig(driver_root=str(node.driver_root), dev_root=str(node.dev_root), proc_root=str(node.proc_root))
+    return GpuPlugin(config, cache, starter=_recording_starter([]))
+
+
+def test_synchronize_answers_in_time_when_a_containers_view_check_hangs(
+    node: SimNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A view check walks the container's root, which the container controls (a
+    FUSE mount whose server never answers hangs the lookup). Synchronize must still
+    be answered within the runtime's 2 s, or the plugin never registers; the
+    containers checked by then are named, the rest said to be unchecked."""
+    from plugin._proto import nri_pb2 as api
+
+    p = pod("train", "ml", annotations={"nvidia.com/gpus": "0"})
+    running = [container(f"c{i}") for i in range(4)]
+    for i, c in enumerate(running):
+        c.state, c.pod_sandbox_id, c.pid = api.CONTAINER_RUNNING, p.id, 100 + i
+        c.annotations["nri-gpu.io/gpus"] = node.gpus[0].uuid
+    release = threading.Event()
+
+    def view_check(pid: int) -> bool | None:
+        if pid == 102:
+            release.wait(30)  # hangs in the kernel, as far as the plugin can tell
+        return pid != 101
+
+    synced_in: list[float] = []
+
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
+        synced_in.append(time.monotonic())
+
+    began = time.monotonic()
+    with caplog.at_level("DEBUG", logger="plugin.handlers"):
+        rt = asyncio.run(
+            connected(gpu_plugin(node, lambda *a, **k: None, view_check=view_check), body, pods=[p], containers=running)
+        )
+    release.set()
+    assert rt.errors == [] and synced_in, "the runtime dropped the plugin"
+    assert synced_in[0] - began < 2.0
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any('container "c1" in pod "ml/train" runs half equipped' in m for m in warned), warned
+    assert any("2 of 4 running GPU containers not checked for their start work: out of time" in m for m in warned)

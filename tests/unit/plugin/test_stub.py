@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 
+from plugin import budget
 from plugin._proto import nri_pb2 as api
+from plugin.budget import REPLY_MARGIN, Timeouts
 from plugin.config import PluginConfig
 from plugin.errors import PluginError, RegistrationError
 from plugin.events import Event
-from plugin.stub import Stub
+from plugin.stub import PLUGIN_SERVICE, Stub
 from plugin.ttrpc import Code, StatusError
 from tests.fake_runtime import FakeRuntime, connected, container, listening, pod
 
@@ -278,3 +280,42 @@ def test_validate_handler_rejection_is_a_reject_reply() -> None:
         assert reply.reject and reply.reason.endswith("no hooks allowed")
 
     run(connected(Validator(), body, runtime_version="2.2.1"))
+
+
+# -- budgets (docs/budgets.md) ------------------------------------------------------------
+
+
+class BudgetProbe:
+    """Records what each CreateContainer may still take (``plugin.budget.left``)."""
+
+    def __init__(self) -> None:
+        self.left: list[float] = []
+
+    async def create_container(self, p: api.PodSandbox, c: api.Container) -> None:
+        self.left.append(budget.left())
+
+
+def test_handlers_get_the_requests_deadline_else_the_configured_request_timeout() -> None:
+    probe = BudgetProbe()
+    request = api.CreateContainerRequest(pod=pod(), container=container()).SerializeToString()
+
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
+        assert stub.timeouts == Timeouts(registration=5.0, request=2.0)  # what the fake runtime sends
+        configure = api.ConfigureRequest(
+            runtime_name="containerd", runtime_version="1.7.24~ds1", registration_timeout=9000, request_timeout=4500
+        )
+        await rt.call("Configure", configure, api.ConfigureResponse)
+        assert stub.timeouts == Timeouts(registration=9.0, request=4.5)
+        assert rt.conn is not None
+        await rt.conn.call(PLUGIN_SERVICE, "CreateContainer", request, timeout=1.0)  # sent as the deadline
+        await rt.conn.call(PLUGIN_SERVICE, "CreateContainer", request, timeout=10, send_timeout=False)  # none sent
+
+    run(connected(probe, body))
+    with_deadline, without = probe.left
+    assert 1.0 - REPLY_MARGIN - 0.2 < with_deadline <= 1.0 - REPLY_MARGIN
+    assert 4.5 - REPLY_MARGIN - 0.2 < without <= 4.5 - REPLY_MARGIN
+
+
+def test_a_runtime_without_timeouts_in_configure_gets_nris_defaults() -> None:
+    assert Timeouts.from_configure(0, 0) == Timeouts(registration=5.0, request=2.0)
+    assert Timeouts.from_configure(-1, 1) == Timeouts(registration=5.0, request=0.1)  # clamped: a unit mistake
