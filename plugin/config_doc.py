@@ -132,14 +132,25 @@ OPTIONS: tuple[Option, ...] = (
         "accept_volume_mounts",
         "false",
         "Read the device plugin's /dev/null markers under /var/run/nvidia-container-devices/\n"
-        "(its volume-mounts strategy); off by default, as in the toolkit.",
+        "(its volume-mounts strategy); off by default, as in the toolkit. The Kubernetes\n"
+        "manifests turn it on, and accept_env_unprivileged off.",
+    ),
+    Option(
+        "policy",
+        "namespaces",
+        '["*"]',
+        'Kubernetes namespaces whose pods may get GPUs at all, by any source: "*" for all,\n'
+        'or a list such as ["ml", "research"]. A pod elsewhere that asks by annotation or\n'
+        "volume markers is refused; one whose env asks (nvidia/cuda images say all) runs\n"
+        "without GPUs, and the log says why. A pod made without a namespace (straight\n"
+        'through CRI) passes only "*".',
     ),
     Option(
         "policy",
         "annotation_namespaces",
         '"*"',
         'Kubernetes namespaces whose pods may use the nvidia.com/gpus annotations: "*" for\n'
-        'all, or a list such as ["ml", "research"].\n'
+        'all, or a list such as ["ml", "research"]; they must pass namespaces too.\n'
         'Security: with "*" anyone who can create a pod can ask for any GPU by annotation.',
     ),
     Option(

@@ -292,7 +292,21 @@ def test_configmap_config_loads_and_agrees_with_the_pod(plain: dict[str, dict[st
     for root in (engine.driver_root, engine.dev_root):
         assert engine.to_host_path(root).startswith("/"), root
     assert engine.proc_root == "/proc" and _pod(plain)["hostPID"] is True
-    assert engine.policy == Policy()
+    assert engine.policy == SHIPPED_POLICY
+
+
+# What a shared cluster needs: no GPUs from an image's NVIDIA_VISIBLE_DEVICES=all in
+# an unprivileged pod, the device plugin's volume-mounts markers honoured instead.
+SHIPPED_POLICY = Policy(accept_env_unprivileged=False, accept_volume_mounts=True)
+
+
+def test_manifests_ship_env_requests_off_and_volume_markers_on(plain: dict[str, dict[str, Any]]) -> None:
+    shipped = _settings(plain["ConfigMap"]).engine.policy
+    assert shipped == SHIPPED_POLICY
+    # `nri-gpu run` on one node keeps the toolkit's defaults: only these two differ.
+    assert Policy(accept_env_unprivileged=True, accept_volume_mounts=False) == Policy()
+    text = plain["ConfigMap"]["data"]["config.toml"]
+    assert 'namespaces = ["*"]' in text and "accept_env_unprivileged = false" in text
 
 
 def test_daemonset_probes_reach_the_metrics_endpoint(plain: dict[str, dict[str, Any]]) -> None:
@@ -326,7 +340,15 @@ def test_daemonset_grants_the_least_that_works(plain: dict[str, dict[str, Any]])
     assert not pod.get("hostNetwork") and not pod.get("hostIPC")
     # It never talks to the API server.
     assert pod["automountServiceAccountToken"] is False and pod["enableServiceLinks"] is False
+    # Not privileged: capabilities the start work uses (each one's use: the e2e test
+    # test_without_a_capability_gpu_pods_fail), the runtime's seccomp profile and
+    # device cgroup, so a device node planted in an image cannot be opened by us.
     security = container["securityContext"]
+    assert "privileged" not in security
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert set(security["capabilities"]["add"]) == {
+        "SYS_ADMIN", "SYS_CHROOT", "SYS_PTRACE", "DAC_OVERRIDE", "SETUID", "SETGID", "SETPCAP", "KILL"}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
     assert security["readOnlyRootFilesystem"] is True
     # Bounded: a leak or a bomb is killed by the kernel, not the node.
     assert container["resources"]["limits"]["memory"]
@@ -413,6 +435,7 @@ def test_chart_values_reach_the_config_and_the_pod() -> None:
         "roots.driverRoot": "/host/run/nvidia/driver", "roots.hostRoot": "/node",
         "plugin.index": "05", "plugin.name": "gpus", "nri.socket": "/run/nri/api.sock",
         "policy.accept_env_unprivileged": False, "policy.annotation_namespaces": ["ml", "research"],
+        "policy.namespaces": ["ml", "research", "web"], "policy.accept_volume_mounts": False,
         "policy.capabilities": ["compute", "utility"], "logging.format": "json", "logging.level": "debug",
         "metrics.address": "0.0.0.0", "metrics.port": 9500, "nodeSelector": {"gpu": "yes"},
         "tolerations": [], "resources": {"limits": {"memory": "200Mi"}},
@@ -424,7 +447,7 @@ def test_chart_values_reach_the_config_and_the_pod() -> None:
     assert (engine.driver_root, engine.host_root) == ("/host/run/nvidia/driver", "/node")
     assert engine.policy == policy_from_mapping({
         "accept_env_unprivileged": False, "annotation_namespaces": ["ml", "research"],
-        "capabilities": ["compute", "utility"]})
+        "namespaces": ["ml", "research", "web"], "capabilities": ["compute", "utility"]})
     pod = rendered["DaemonSet"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == f"registry.example/nri-gpu:{load_chart(CHART).metadata['appVersion']}"
@@ -463,7 +486,8 @@ def test_chart_policy_values_are_the_config_files_policy_table() -> None:
     keys = [o.key for o in OPTIONS if o.table == "policy"]
     assert list(values["policy"]) == keys
     defaults = {o.key: tomllib.loads(f"v = {o.default}")["v"] for o in OPTIONS if o.table == "policy"}
-    assert policy_from_mapping(values["policy"]) == policy_from_mapping(defaults) == Policy()
+    assert policy_from_mapping(defaults) == Policy()
+    assert policy_from_mapping(values["policy"]) == SHIPPED_POLICY
 
 
 def test_chart_metadata_and_image() -> None:
