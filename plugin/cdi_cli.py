@@ -5,6 +5,11 @@ annotation): ``cdi generate`` writes a CDI spec from the node's inventory
 (``engine.cdi``); the runtime runs its ``createContainer`` hook, ``hook
 start-container``, which does the StartContainer work (``engine.hook``).
 
+That hook runs as root at every GPU container start, so ``cdi generate`` first
+checks that only root can change what it runs (``plugin.hook_install``) and
+refuses otherwise; ``--allow-untrusted-hook`` turns the refusal into a warning
+per problem, for test machines. The hook bounds its own run (``--time-limit``).
+
 Exit codes: 0 done, 1 refused (the message says why), 2 usage error.
 """
 
