@@ -47,6 +47,19 @@ case             trap (``B`` is the bait root, a HOST path, by default ``/tmp/nr
                  write.
 ===============  =========================================================================
 
+Cases of ``POD_CASES`` (tests/e2e/test_hostile_pod_start.py) lay no host bait; they
+plant special files where the start work writes:
+
+===============  =========================================================================
+``devnodes``     Character devices ``c 1 3`` (``/dev/null``'s numbers: harmless, but an
+                 open of one is an open of a device) at
+                 ``/etc/ld.so.conf.d/00-nri-gpu.conf`` and ``/etc/ld.so.cache``.
+``fifos``        FIFOs at the same two places: an open that waits would hang the start.
+``cachevolume``  ``/etc/ld.so.cache -> /data/ld.so.cache``: into a volume a sidecar
+                 writes, where the file is swapped between a regular file, a FIFO and
+                 a device node.
+===============  =========================================================================
+
 The bait root is baked into the links, so the default is a FIXED path that tests
 re-create fresh for every run: the images then stay cached like the others (under
 ``<cache>/images/hostile_<case>-<key>.tar``, key = inputs plus this file).
@@ -55,12 +68,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tarfile
 import tempfile
 from pathlib import Path
 
 from .images import _PATH, Image, _cached_build, _Layer, _write_layout, glibc_key, glibc_layer
 
-__all__ = ["BAIT_ROOT", "CASES", "PRELOAD_COMMAND", "SONAME_TARGET", "VOLUME", "hostile_image", "image_name", "needs_gcc"]
+__all__ = ["BAIT_ROOT", "CASES", "POD_CASES", "PRELOAD_COMMAND", "SONAME_TARGET", "VOLUME", "hostile_image", "image_name", "needs_gcc"]
 
 BAIT_ROOT = "/tmp/nri-gpu-bait"
 LIBDIR = "usr/lib/x86_64-linux-gnu"
@@ -114,6 +128,9 @@ __attribute__((constructor)) static void mark(void) {
 
 CASES = ("ldcache", "confdir", "relconfdir", "libdir", "compat", "preload", "magicconf", "magiclib",
          "magiccache", "etc", "soname", "confvolume")
+POD_CASES = ("devnodes", "fifos", "cachevolume")
+# Where the start work writes, and the pod cases plant special files.
+SPECIAL_PATHS = ("etc/ld.so.conf.d/00-nri-gpu.conf", "etc/ld.so.cache")
 # The soname and confvolume images run as nobody and expect a volume at /data.
 VOLUME = "/data"
 SONAME_TARGET = f"{VOLUME}/planted"  # where the soname case's link would land
@@ -144,6 +161,17 @@ def _move(layer: _Layer, src: str, dst: str) -> None:
         new = dst + key[len(src):]
         info.name = new
         layer.entries[new] = (info, data)
+
+
+def _special(layer: _Layer, path: str, kind: bytes) -> None:
+    """A FIFO, or a character device with /dev/null's numbers, at ``path``."""
+    layer.dir(path.strip("/").rpartition("/")[0])
+    info = tarfile.TarInfo(path.strip("/"))
+    info.type, info.mode, info.mtime, info.uid, info.gid = kind, 0o666, 0, 0, 0
+    info.uname = info.gname = "root"
+    if kind == tarfile.CHRTYPE:
+        info.devmajor, info.devminor = 1, 3
+    layer.entries[path.strip("/")] = (info, None)
 
 
 def _gcc(source: str, *flags: str) -> bytes:
@@ -215,15 +243,23 @@ def _trap(case: str, layer: _Layer, bait: str, env: list[str], user: list[str]) 
         layer.symlink("etc/ld.so.conf.d", VOLUME)
         layer.dir(VOLUME)
         user.append("65534:65534")
+    elif case in ("devnodes", "fifos"):
+        for path in SPECIAL_PATHS:
+            _drop(layer, path)
+            _special(layer, path, tarfile.CHRTYPE if case == "devnodes" else tarfile.FIFOTYPE)
+    elif case == "cachevolume":
+        _drop(layer, "etc/ld.so.cache")
+        layer.symlink("etc/ld.so.cache", f"{VOLUME}/ld.so.cache")
+        layer.dir(VOLUME)
     else:
-        raise ValueError(f"unknown hostile image case {case!r}; known: {', '.join(CASES)}")
+        raise ValueError(f"unknown hostile image case {case!r}; known: {', '.join(CASES + POD_CASES)}")
 
 
 def hostile_image(case: str, bait_root: str = BAIT_ROOT) -> Image:
     """Return the hostile image of ``case`` with links into ``bait_root`` (an absolute
     host path), building it on first use."""
-    if case not in CASES:
-        raise ValueError(f"unknown hostile image case {case!r}; known: {', '.join(CASES)}")
+    if case not in CASES + POD_CASES:
+        raise ValueError(f"unknown hostile image case {case!r}; known: {', '.join(CASES + POD_CASES)}")
     if not bait_root.startswith("/") or bait_root.rstrip("/") != bait_root or "//" in bait_root:
         raise ValueError(f"bait root must be a normalized absolute path: {bait_root!r}")
     name = image_name(case)
