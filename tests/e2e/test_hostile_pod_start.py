@@ -108,9 +108,11 @@ class WatchingGpuPlugin(GpuPlugin):
         self.swallow = swallow
         self.opens: dict[str, int] = {}
         self.failures: list[str] = []
+        self.cgroups_paths: list[str] = []  # what the runtime sent: the start work checks the pid is in it
 
     async def start_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         watches: dict[str, OpenWatch] = {}
+        self.cgroups_paths.append(container.linux.cgroups_path)
         if container.name.startswith("trap"):
             pid = container.pid or find_init_pid(container.linux.cgroups_path)
             for path in hostile.SPECIAL_PATHS:
@@ -183,6 +185,7 @@ def test_a_device_node_or_fifo_where_our_files_go(
     took = _timed_start(cri, cid)
     assert took < 1.5, f"StartContainer took {took:.2f} s"
     assert plugin.failures == []
+    assert all(plugin.cgroups_paths), plugin.cgroups_paths  # so the pid's cgroup was checked too
     if case == "devnodes":
         opened = {path: n for path, n in plugin.opens.items() if n}
         assert not opened, f"device nodes of the image were opened: {opened}"
