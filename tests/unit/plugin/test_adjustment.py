@@ -37,8 +37,9 @@ def test_volume_markers_only_when_policy_reads_them() -> None:
 
 
 def test_container_info_first_env_entry_wins() -> None:
-    info = container_info(pod("p", "ns"), container("ctr", env=["A=1", "A=2", "B=x=y"]))
-    assert info.env == {"A": "1", "B": "x=y"} and info.pod_namespace == "ns" and not info.privileged
+    # Only the entries a request reads (NVIDIA_*, CUDA_VERSION) are kept.
+    info = container_info(pod("p", "ns"), container("ctr", env=["NVIDIA_A=1", "NVIDIA_A=2", "NVIDIA_B=x=y", "C=1"]))
+    assert info.env == {"NVIDIA_A": "1", "NVIDIA_B": "x=y"} and info.pod_namespace == "ns" and not info.privileged
 
 
 GPU = Gpu(0, 2, "0000:07:00.0", "GPU-1", "A100")
