@@ -389,7 +389,8 @@ def parse_request(info: ContainerInfo, policy: Policy) -> RequestOutcome:
 
 def _not_allowed(info: ContainerInfo, allowed: tuple[str, ...], key: str) -> str:
     listed = ", ".join(allowed[:16]) + (f" and {len(allowed) - 16} more" if len(allowed) > 16 else "")
-    return f"namespace {_q(info.pod_namespace)} may not have GPUs (policy.{key}: {listed or 'none'})"
+    what = "have GPUs" if key == "namespaces" else "use the GPU annotations"
+    return f"namespace {_q(info.pod_namespace)} may not {what} (policy.{key}: {listed or 'none'})"
 
 
 def _check_namespace(info: ContainerInfo, allowed: tuple[str, ...] | None, key: str, source: str) -> None:
