@@ -111,8 +111,9 @@ async def run_start_async(
     timeout: float = DEFAULT_TIMEOUT,
     on_report: Reporter | None = None,
 ) -> None:
-    """``run_start`` without blocking the event loop: the result pipe is watched by
-    the loop. A cancelled call kills the worker. Raises ``StartError``."""
+    """``run_start`` without blocking the event loop: the loop watches the result
+    pipe, and the worker's exit through its pidfd. A cancelled call kills the
+    worker. Raises ``StartError``."""
     deadline = time.monotonic() + timeout
     child, fd = _spawn(pid, work, ldconfig, deadline)
     report = await _finish(child, fd, work, deadline, timeout)
@@ -377,7 +378,7 @@ def _outcome(work: StartWork, data: bytes, status: int | None, timed_out: bool, 
     last_step = next((str(m["step"]) for m in reversed(messages) if "ok" not in m and "step" in m), "start")
     result = next((m for m in messages if "ok" in m), None)
     if timed_out and result is None:
-        raise StartError(work.container, last_step, f"not finished after {timeout:g} s; the worker was killed")
+        raise StartError(work.container, last_step, f"not finished after {timeout:.3g} s; the worker was killed")
     if result is None:
         raise StartError(work.container, last_step, f"the worker ended without a result ({_describe(status)})")
     if not result.get("ok"):
