@@ -1,8 +1,12 @@
 """Hostile GPU requests from a pod's env, on real containerd 1.7.24 and 2.1.9, through
-``nri-gpu run`` serving a simulated 4-GPU node with ``[policy] namespaces = ["ml"]``:
+``nri-gpu run`` serving a simulated 4-GPU node with the policy deploy/configmap.yaml
+ships (env requests off for unprivileged containers, the device plugin's volume-mount
+markers on), narrowed to ``namespaces = ["ml"]``:
 
 * a pod in another namespace whose env says ``NVIDIA_VISIBLE_DEVICES=all`` (as every
-  nvidia/cuda image does) runs without GPUs, and the plugin's log says why;
+  nvidia/cuda image does) runs without GPUs, and the plugin's log says why; so does
+  one in "ml" (env requests are off); GPUs come from the device plugin's markers,
+  which reach the plugin through CRI and NRI as the kubelet sends them;
 * a 3.6 MB ``NVIDIA_REQUIRE_CUDA`` of 400k alternatives (before the bounds: seconds on
   the plugin's event loop, past containerd's 2 s deadline, and a 4 MB error) is refused
   at once with a short message, and a GPU pod created right after gets its GPUs from
@@ -12,13 +16,17 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
+import tomllib
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from tests.testbed.cri import CriClient, CriError
 from tests.testbed.gpunode import SimNode
@@ -29,6 +37,16 @@ from .conftest import Testbed
 
 SLEEP = ["sh", "-c", "sleep 3600"]
 FORGED = "2026-01-01 00:00:00,000 INFO plugin.handlers: forged"
+MARKERS = "/var/run/nvidia-container-devices"
+CONFIGMAP = Path(__file__).parents[2] / "deploy" / "configmap.yaml"
+
+
+def shipped_policy(**changes: object) -> str:
+    """The [policy] table deploy/configmap.yaml ships, with ``changes``, as TOML."""
+    config = tomllib.loads(yaml.safe_load(CONFIGMAP.read_text())["data"]["config.toml"])
+    policy = {**config["policy"], **changes}
+    assert policy["accept_env_unprivileged"] is False and policy["accept_volume_mounts"] is True
+    return "[policy]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in policy.items())
 
 
 @pytest.fixture(scope="module")
@@ -40,10 +58,10 @@ def metrics_port() -> int:
 def plugin(
     containerd: Testbed, node: SimNode, metrics_port: int, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[NriGpuProcess]:
-    """``nri-gpu run`` whose policy admits GPUs in the namespace "ml" only."""
+    """``nri-gpu run`` with the shipped policy, admitting GPUs in the namespace "ml" only."""
     workdir = tmp_path_factory.mktemp("nri-gpu-hostile-requests")
     config = workdir / "config.toml"
-    config.write_text('[policy]\nnamespaces = ["ml"]\n')
+    config.write_text(shipped_policy(namespaces=["ml"]))
     proc = NriGpuProcess(
         containerd.containerd.nri_socket, workdir / "nri-gpu.log", "--config", str(config), *node.flags(),
         "--metrics-address", f"127.0.0.1:{metrics_port}",
@@ -79,10 +97,33 @@ def test_env_all_in_a_namespace_without_gpus_gets_nothing_and_the_log_says_why(
     assert "NVIDIA_VISIBLE_DEVICES" in cri.exec_sync(cid, ["env"])[1]  # untouched, as the image set it
     plugin.wait_for_log('pod "web/cuda-image": env NVIDIA_VISIBLE_DEVICES ignored by policy: namespace "web" '
                         "may not have GPUs (policy.namespaces: ml)")
-    # The same request from the admitted namespace gets every GPU.
-    allowed = cri.run_container(cri.run_pod("cuda-image", namespace="ml"), "main", SLEEP, image=GLIBC,
-                                env={"NVIDIA_VISIBLE_DEVICES": "all"})
-    assert len([d for d in gpu_nodes(cri, allowed) if d[6:].isdigit()]) == 4
+    # In the admitted namespace the env is not enough either: it may be the image's.
+    env_only = cri.run_container(cri.run_pod("cuda-image", namespace="ml"), "main", SLEEP, image=GLIBC,
+                                 env={"NVIDIA_VISIBLE_DEVICES": "all"})
+    assert gpu_nodes(cri, env_only) == []
+    plugin.wait_for_log('pod "ml/cuda-image": env NVIDIA_VISIBLE_DEVICES ignored by policy: the container is not '
+                        "privileged and policy.accept_env_unprivileged is off")
+
+
+def device_plugin_allocation(cri: CriClient, *gpu_ids: str) -> dict[str, Any]:
+    """What the kubelet adds for NVIDIA's device plugin with DEVICE_LIST_STRATEGY=volume-mounts."""
+    mounts = [cri.pb.Mount(container_path=f"{MARKERS}/{gpu}", host_path="/dev/null") for gpu in gpu_ids]
+    return {"mounts": mounts, "env": {"NVIDIA_VISIBLE_DEVICES": MARKERS}}
+
+
+def test_the_device_plugins_volume_mount_markers_reach_the_plugin_through_cri_and_nri(
+    testbed: Testbed, cri: CriClient, plugin: NriGpuProcess, node: SimNode
+) -> None:
+    g2 = node.gpus[2]
+    cid = cri.run_container(cri.run_pod("allocated", namespace="ml"), "main", SLEEP, image=GLIBC,
+                            **device_plugin_allocation(cri, g2.uuid))
+    assert [d for d in gpu_nodes(cri, cid) if d[6:].isdigit()] == [f"nvidia{g2.minor}"]
+    # From a namespace without GPUs the same allocation is refused, with the reason.
+    pod = cri.run_pod("allocated", namespace="web")
+    with pytest.raises(CriError) as exc:
+        cri.create_container(pod, None, "main", GLIBC, SLEEP,
+                             **device_plugin_allocation(cri, g2.uuid))
+    assert 'volume mounts on pod "web/allocated": namespace "web" may not have GPUs' in exc.value.details
 
 
 def test_an_annotation_from_a_namespace_without_gpus_is_refused(
@@ -99,11 +140,10 @@ def test_a_requirement_bomb_is_refused_at_once_and_the_plugin_stays(
 ) -> None:
     before, (spent, plans) = registrations(plugin), plan_seconds(metrics_port)
     bomb = " ".join(["cuda>=99"] * 400_000)  # 3.6 MB: containerd sends NRI at most 4 MiB
-    pod = cri.run_pod("bomb", namespace="ml")
+    pod = cri.run_pod("bomb", namespace="ml", annotations={"nvidia.com/gpus": "all"})
     began = time.perf_counter()
     with pytest.raises(CriError) as exc:
-        cri.create_container(pod, None, "main", GLIBC, SLEEP,
-                             env={"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_REQUIRE_CUDA": bomb})
+        cri.create_container(pod, None, "main", GLIBC, SLEEP, env={"NVIDIA_REQUIRE_CUDA": bomb})
     refused_in = time.perf_counter() - began
     message = exc.value.details
     assert "NVIDIA_REQUIRE_CUDA" in message and "longer than 16384" in message, message[:500]
@@ -126,9 +166,9 @@ def test_an_env_name_with_a_newline_forges_no_log_line_nor_error_line(
     testbed: Testbed, cri: CriClient, plugin: NriGpuProcess
 ) -> None:
     name = f"NVIDIA_REQUIRE_X\n{FORGED}"
-    pod = cri.run_pod("forger", namespace="ml")
+    pod = cri.run_pod("forger", namespace="ml", annotations={"nvidia.com/gpus": "0"})
     with pytest.raises(CriError) as exc:
-        cri.create_container(pod, None, "main", GLIBC, SLEEP, env={"NVIDIA_VISIBLE_DEVICES": "0", name: "cuda>=99"})
+        cri.create_container(pod, None, "main", GLIBC, SLEEP, env={name: "cuda>=99"})
     message = exc.value.details
     assert "\n" not in message and "NVIDIA_REQUIRE_X\\n2026-01-01" in message, message
     plugin.wait_for_log('pod "ml/forger": refused: ')
