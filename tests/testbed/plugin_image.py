@@ -3,8 +3,8 @@
 What a DaemonSet runs: Debian bookworm's Python 3.11 run time from its .debs, glibc
 (with the static ``/sbin/ldconfig`` the plugin runs for GPU containers, engine.ldconfig's
 default), busybox for a shell, the pure-Python wheels of ``protobuf`` and ``tomlkit``
-(the versions installed next to the tests) and the project's ``plugin`` and ``engine``
-packages under ``/opt/nri-gpu``. The entrypoint is ``python3.11 -m plugin run``.
+and the project's ``plugin`` and ``engine`` packages under ``/opt/nri-gpu``. The
+entrypoint is ``python3.11 -m plugin run``.
 
 Python's .debs are taken whole except for what a daemon never imports (the test
 suite, idlelib, tkinter, lib2to3, ensurepip, the C extension test modules). Only the
@@ -12,28 +12,38 @@ shared libraries the interpreter and the extension modules we import need are ad
 libffi8 (ctypes), zlib1g (the interpreter, zlib), libexpat1 (the interpreter). No
 OpenSSL: hashlib falls back on the interpreter's built-in hashes.
 
-The wheels are fetched once with ``pip download --only-binary=:all: --platform any``
-into ``<cache>/wheels`` (py3-none-any only, so nothing in the image is built for a
-host). The image tar is cached under ``<cache>/images/`` keyed by every input,
-including the bytes of the project's source files. ``hack/build-image`` writes it
-for operators.
+What goes in is verified and current (tests/testbed/image_debs.py): each .deb is the
+newest of its release, ``-updates`` and ``-security`` (security fixes come in at the
+next build), from Release files signed by Debian's keyring and not expired, and
+checked against the signed index's SHA256. The wheels are exactly those pinned by
+version and SHA256 in ``deploy/image-requirements.txt`` (``pip download
+--require-hashes``; ``--pin-wheels`` rewrites that file from the versions installed
+next to the tests), py3-none-any only, so nothing in the image is built for a host.
+The image tar is cached under ``<cache>/images/`` keyed by content: every .deb's
+SHA256, every wheel's bytes, every project file's bytes. ``hack/build-image`` writes it
+for operators, with ``FILE.manifest.txt`` beside it: every package, version, suite and
+hash that went in.
 
 Run as a module to write the archive: ``python -m tests.testbed.plugin_image
-[--output FILE]``.
+[--output FILE] [--pin-wheels]``.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.metadata
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
-from . import debs
+from . import image_debs
 from .cache import cache_dir, locked
-from .images import _PATH, Image, _cached_build, _Layer, _write_layout, glibc_key, glibc_layer
+from .image_debs import Deb
+from .images import _BUSYBOX_DEB, _LIBC_DEBS, _PATH, Image, _applets, _base_layer, _cached_build, _Layer, _write_layout
 
 __all__ = ["IMAGE", "INSTALL_DIR", "plugin_image", "source_files"]
 
@@ -43,6 +53,7 @@ SITE_PACKAGES = "usr/lib/python3/dist-packages"  # on Debian's sys.path by site.
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 PACKAGES = ("plugin", "engine")
 WHEELS = ("protobuf", "tomlkit")
+WHEEL_PINS = ROOT / "deploy" / "image-requirements.txt"
 
 _SUITE = "bookworm"
 _PYTHON_DEBS = (
@@ -97,42 +108,83 @@ def _add_tree(layer: _Layer, root: Path) -> None:
             layer.file(rel, path.read_bytes(), path.stat().st_mode & 0o7777)
 
 
-def _python_trees() -> list[Path]:
-    return [debs.extract(*deb) for deb in _PYTHON_DEBS]
+def _debs() -> list[Deb]:
+    """busybox, glibc and Python's run time: verified and current (image_debs)."""
+    return image_debs.fetch([_BUSYBOX_DEB, *_LIBC_DEBS, *_PYTHON_DEBS])
 
 
-def _wheel_versions() -> dict[str, str]:
-    """The versions of the runtime dependencies installed next to the tests."""
-    return {name: importlib.metadata.version(name) for name in WHEELS}
+_PIN = re.compile(r"^([A-Za-z0-9_.-]+)==(\S+) --hash=sha256:([0-9a-f]{64})$")
+
+
+def wheel_pins(text: str | None = None) -> dict[str, tuple[str, str]]:
+    """name -> (version, SHA256) from deploy/image-requirements.txt."""
+    pins = {}
+    for line in (WHEEL_PINS.read_text() if text is None else text).splitlines():
+        if line.strip() and not line.startswith("#"):
+            match = _PIN.match(line.strip())
+            if not match:
+                raise ValueError(f"{WHEEL_PINS.name}: not NAME==VERSION --hash=sha256:HEX: {line!r}")
+            pins[match.group(1)] = (match.group(2), match.group(3))
+    return pins
+
+
+def _pip_download(dest: Path, args: list[str]) -> None:
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+           "--platform", "any", "--implementation", "py", "--abi", "none", "--python-version", "3.11",
+           "--cache-dir", str(cache_dir() / "pip"), "--dest", str(dest), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"pip download failed:\n{proc.stderr[-3000:]}")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _wheels() -> list[Path]:
-    """The pure-Python wheels, from ``<cache>/wheels`` or fetched once with pip."""
+    """The pinned wheels, from ``<cache>/wheels`` or fetched with ``--require-hashes``;
+    a cached file is used only if its bytes have the pinned hash."""
     store = cache_dir() / "wheels"
-    wanted = _wheel_versions()
+    pins = wheel_pins()
 
     def find() -> list[Path]:
         found = []
-        for name, version in wanted.items():
-            matches = sorted(store.glob(f"{name}-{version}-py3-none-any.whl"))
-            if matches:
-                found.append(matches[0])
+        for name, (version, digest) in pins.items():
+            path = store / f"{name}-{version}-py3-none-any.whl"
+            if path.is_file() and _sha256(path) == digest:
+                found.append(path)
         return found
 
     with locked(cache_dir() / ".wheels.lock"):
-        if len(find()) < len(wanted):
+        if len(find()) < len(pins):
             store.mkdir(parents=True, exist_ok=True)
-            cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-                   "--platform", "any", "--implementation", "py", "--abi", "none", "--python-version", "3.11",
-                   "--cache-dir", str(cache_dir() / "pip"), "--dest", str(store),
-                   *(f"{name}=={version}" for name, version in wanted.items())]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                raise RuntimeError(f"pip download of {', '.join(wanted)} failed:\n{proc.stderr[-3000:]}")
+            for name in pins:  # pip keeps a file whose name matches, whatever its bytes
+                path = store / f"{name}-{pins[name][0]}-py3-none-any.whl"
+                if path.is_file() and _sha256(path) != pins[name][1]:
+                    path.unlink()
+            _pip_download(store, ["--require-hashes", "-r", str(WHEEL_PINS)])
         found = find()
-    if len(found) < len(wanted):
-        raise RuntimeError(f"no py3-none-any wheels for {wanted} in {store}")
+    if len(found) < len(pins):
+        raise RuntimeError(f"no py3-none-any wheels with the hashes of {WHEEL_PINS} in {store}")
     return found
+
+
+def pin_wheels() -> str:
+    """Rewrite deploy/image-requirements.txt: the versions installed next to the tests,
+    with the SHA256 of the py3-none-any wheels pip fetches for them. Returns the text."""
+    versions = {name: importlib.metadata.version(name) for name in WHEELS}
+    lines = ["# The plugin image's wheels, pinned by version and SHA256: hack/build-image and",
+             "# deploy/Dockerfile fetch them with pip --require-hashes. Written by",
+             "# `hack/build-image --pin-wheels` from the versions installed next to the tests",
+             "# (tests/unit/test_deploy.py checks they agree)."]
+    with tempfile.TemporaryDirectory() as tmp:
+        _pip_download(Path(tmp), [f"{name}=={version}" for name, version in versions.items()])
+        for name, version in versions.items():
+            (wheel,) = Path(tmp).glob(f"{name}-{version}-py3-none-any.whl")
+            lines.append(f"{name}=={version} --hash=sha256:{_sha256(wheel)}")
+    text = "\n".join(lines) + "\n"
+    WHEEL_PINS.write_text(text)
+    return text
 
 
 def _add_wheel(layer: _Layer, wheel: Path) -> None:
@@ -143,10 +195,12 @@ def _add_wheel(layer: _Layer, wheel: Path) -> None:
             layer.file(f"{SITE_PACKAGES}/{info.filename}", zf.read(info), 0o644)
 
 
-def _build_layer(trees: list[Path], wheels: list[Path]) -> _Layer:
-    layer = glibc_layer()  # busybox, libc6, libc-bin (/sbin/ldconfig)
-    for tree in trees:
-        _add_tree(layer, tree)
+def _build_layer(debs: list[Deb], wheels: list[Path]) -> _Layer:
+    busybox = debs[0].tree / "usr/bin/busybox"
+    layer = _base_layer(busybox.read_bytes(), _applets(busybox))
+    for deb in debs[1:]:
+        _add_tree(layer, deb.tree)
+    layer.file("etc/ld.so.conf", b"include /etc/ld.so.conf.d/*.conf\n")
     layer.symlink("usr/bin/python3", "python3.11")
     for wheel in wheels:
         _add_wheel(layer, wheel)
@@ -157,6 +211,29 @@ def _build_layer(trees: list[Path], wheels: list[Path]) -> _Layer:
     return layer
 
 
+def _sources_digest() -> tuple[int, str]:
+    digest = hashlib.sha256()
+    files = source_files()
+    for path in files:
+        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return len(files), digest.hexdigest()
+
+
+def manifest_text(image: Image, debs: list[Deb], wheels: list[Path]) -> str:
+    """What went into ``image``, one line per thing: written beside the archive."""
+    pins = wheel_pins()
+    count, digest = _sources_digest()
+    lines = [f"# {image.name} {image.manifest_digest}",
+             "# kind name version source sha256 (.debs: as Debian's signed index states it)"]
+    lines += [f"deb {d.package} {d.version} debian:{d.suite} sha256:{d.sha256}" for d in debs]
+    for wheel in wheels:
+        name = wheel.name.split("-")[0]
+        version, sha = pins[name]
+        lines.append(f"wheel {name} {version} pypi sha256:{sha}")
+    lines.append(f"files {'+'.join(PACKAGES)} {count}-files checkout sha256:{digest}")
+    return "\n".join(lines) + "\n"
+
+
 CONFIG = {
     "Env": [_PATH, f"PYTHONPATH={INSTALL_DIR}", "PYTHONUNBUFFERED=1", "PYTHONDONTWRITEBYTECODE=1"],
     "Entrypoint": ["python3.11", "-m", "plugin", "run"],
@@ -165,38 +242,52 @@ CONFIG = {
 }
 
 
-def plugin_image() -> Image:
-    """Return the plugin image tar, building it when an input changed."""
-    trees = _python_trees()
+def _build() -> tuple[Image, list[Deb], list[Path]]:
+    debs = _debs()
     wheels = _wheels()
     key = [
         Path(__file__).read_bytes(),
-        *glibc_key(),
-        *(str(tree).encode() for tree in trees),
+        Path(image_debs.__file__).read_bytes(),
+        *(f"{d.package}={d.version} sha256:{d.sha256}".encode() for d in debs),
         *(w.read_bytes() for w in wheels),
     ]
     for path in source_files():
         key += [path.relative_to(ROOT).as_posix().encode(), path.read_bytes()]
 
     def build(out: Path) -> tuple[str, str]:
-        return IMAGE, _write_layout(out, IMAGE, _build_layer(trees, wheels), dict(CONFIG))
+        return IMAGE, _write_layout(out, IMAGE, _build_layer(debs, wheels), dict(CONFIG))
 
-    return _cached_build("nri-gpu", key, build)
+    return _cached_build("nri-gpu", key, build), debs, wheels
+
+
+def plugin_image() -> Image:
+    """Return the plugin image tar, building it when an input changed."""
+    return _build()[0]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="build-image", description=f"Write the OCI archive of {IMAGE}.")
     parser.add_argument("--output", metavar="FILE", type=Path, default=Path("nri-gpu-image.tar"),
-                        help="where to write the OCI image-layout tar (default nri-gpu-image.tar); - for stdout")
+                        help="where to write the OCI image-layout tar (default nri-gpu-image.tar), and"
+                             " FILE.manifest.txt beside it; - for stdout (the manifest goes to stderr)")
+    parser.add_argument("--pin-wheels", action="store_true",
+                        help=f"first rewrite {WHEEL_PINS.relative_to(ROOT)} from the installed versions")
     args = parser.parse_args(argv)
-    image = plugin_image()
+    if args.pin_wheels:
+        print(pin_wheels(), end="", file=sys.stderr)
+    image, debs, wheels = _build()
+    manifest = manifest_text(image, debs, wheels)
     if str(args.output) == "-":
         with open(image.tar, "rb") as src:
             shutil.copyfileobj(src, sys.stdout.buffer)
+        print(manifest, end="", file=sys.stderr)
     else:
         shutil.copyfile(image.tar, args.output)
+        listing = args.output.with_name(args.output.name + ".manifest.txt")
+        listing.write_text(manifest)
         size = args.output.stat().st_size
-        print(f"{IMAGE} ({image.manifest_digest}, {size / 2**20:.1f} MiB) -> {args.output}")
+        print(manifest, end="")
+        print(f"{IMAGE} ({image.manifest_digest}, {size / 2**20:.1f} MiB) -> {args.output}, {listing}")
         print(f"import with: ctr -n k8s.io images import {args.output}", file=sys.stderr)
     return 0
 

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import re
 import shlex
@@ -125,19 +126,34 @@ def test_dockerfile_leaves_out_what_the_image_builder_leaves_out(dockerfile: lis
     assert f'rm -f {plugin_image._STDLIB}lib-dynload/"$name"*;' in _run_text(dockerfile, "rootfs")
 
 
-def test_dockerfile_takes_the_wheels_pyproject_allows(dockerfile: list[Instruction]) -> None:
-    args = _args(dockerfile, "rootfs")
-    requirements = args["WHEELS"].split()
-    names = tuple(re.split(r"[<>=!~ ]", req, maxsplit=1)[0] for req in requirements)
-    assert names == plugin_image.WHEELS
+def test_dockerfile_takes_the_wheels_the_image_builder_pins(dockerfile: list[Instruction]) -> None:
+    pins = plugin_image.wheel_pins()
+    assert tuple(pins) == plugin_image.WHEELS
+    # The pins are what the tests run against (hack/build-image --pin-wheels writes them),
+    # inside what pyproject.toml allows.
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert requirements == pyproject["project"]["dependencies"]
+    assert [re.split(r"[<>=!~ ]", req, maxsplit=1)[0] for req in pyproject["project"]["dependencies"]] == list(pins)
+    for name, (version, _) in pins.items():
+        assert importlib.metadata.version(name) == version, name
+    args = _args(dockerfile, "rootfs")
+    assert "WHEELS" not in args
     assert args["SITE_PACKAGES"] == plugin_image.SITE_PACKAGES
+    copies = [i.value for i in _stage(dockerfile, "rootfs") if i.op == "COPY"]
+    assert f"{plugin_image.WHEEL_PINS.relative_to(ROOT)} /image-requirements.txt" in copies
     run = _run_text(dockerfile, "rootfs")
     # The same pip download as plugin_image._wheels: pure-Python wheels for the image's Python.
     for flag in ("--no-deps", "--only-binary=:all:", "--platform any", "--implementation py", "--abi none",
-                 f"--python-version {_python_version()}"):
+                 f"--python-version {_python_version()}", "--require-hashes -r /image-requirements.txt"):
         assert flag in run
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    assert f"!{plugin_image.WHEEL_PINS.relative_to(ROOT)}" in ignore
+
+
+def test_image_wheel_pins_are_well_formed() -> None:
+    text = plugin_image.WHEEL_PINS.read_text()
+    assert plugin_image.wheel_pins(text)
+    with pytest.raises(ValueError, match="not NAME==VERSION"):
+        plugin_image.wheel_pins("protobuf>=7 --hash=sha256:" + "0" * 64)
 
 
 def _python_version() -> str:
@@ -167,7 +183,8 @@ def test_dockerfile_image_config_is_the_image_builders(dockerfile: list[Instruct
 
 
 def test_dockerfile_copies_the_packages_to_the_install_dir(dockerfile: list[Instruction]) -> None:
-    copies = [i.value.split() for i in _stage(dockerfile, "rootfs") if i.op == "COPY" and "--from" not in i.value]
+    copies = [i.value.split() for i in _stage(dockerfile, "rootfs") if i.op == "COPY" and "/rootfs/" in i.value
+              and "--from" not in i.value]
     assert copies == [[package, f"/rootfs{plugin_image.INSTALL_DIR}/{package}"] for package in plugin_image.PACKAGES]
     cleanup = _run_text(dockerfile, "rootfs")
     assert "-name __pycache__" in cleanup and "-name '*.pyc' -delete" in cleanup  # as source_files() skips them
