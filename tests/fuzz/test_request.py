@@ -68,7 +68,7 @@ ENV_VALUES = {
     "NVIDIA_REQUIRE_ARCH": REQUIRES,
     "NVIDIA_REQUIRE_JETPACK": REQUIRES,
 }
-# Megabytes and hundreds of thousands of entries, built by repetition (cheap to draw).
+# Up to 4 MB (what one NRI message can carry) and 180k entries, built by repetition (cheap to draw).
 PIECES = [
     "0,",
     "all,",
@@ -83,7 +83,7 @@ PIECES = [
     "\n",
     "é",
 ]
-BOMBS = st.tuples(st.sampled_from(PIECES), st.sampled_from([300, 5000, 20_000, 400_000, 1_000_000])).map(
+BOMBS = st.tuples(st.sampled_from(PIECES), st.sampled_from([300, 5000, 20_000, 180_000])).map(
     lambda t: t[0] * t[1]
 )
 NAMES = st.one_of(
@@ -103,7 +103,8 @@ def hostile_envs(draw: st.DrawFn) -> dict[str, str]:
     return env
 
 
-ENVS = st.one_of(st.fixed_dictionaries({}, optional=ENV_VALUES), hostile_envs())
+PLAIN_ENVS = st.fixed_dictionaries({}, optional=ENV_VALUES)
+ENVS = st.one_of(PLAIN_ENVS, hostile_envs())
 POLICIES = st.builds(
     Policy,
     accept_env_unprivileged=st.booleans(),
@@ -227,8 +228,8 @@ def test_parse_request(info: ContainerInfo, policy: Policy) -> None:
 
 
 @st.composite
-def create_requests(draw: st.DrawFn) -> bytes:
-    env = draw(ENVS)
+def create_requests(draw: st.DrawFn, envs: st.SearchStrategy[dict[str, str]] = ENVS) -> bytes:
+    env = draw(envs)
     pod = api.PodSandbox(name="p", namespace=draw(st.sampled_from(["ml", "default"])))
     for key, value in draw(st.fixed_dictionaries({}, optional={POD_ANNOTATION: DEVICE_LISTS})).items():
         pod.annotations[key] = value
@@ -239,7 +240,8 @@ def create_requests(draw: st.DrawFn) -> bytes:
 
 
 @fuzz(200)
-@given(payload=st.one_of(create_requests(), mutated(create_requests())), policy=POLICIES)
+# Byte mutations of megabyte payloads cost seconds: they mutate plain ones.
+@given(payload=st.one_of(create_requests(), mutated(create_requests(PLAIN_ENVS))), policy=POLICIES)
 def test_nri_create_container_to_request(payload: bytes, policy: Policy) -> None:
     message = api.CreateContainerRequest()
     try:

@@ -43,10 +43,10 @@ CONDITIONS = st.tuples(
     st.one_of(VERSION, st.sampled_from(["tesla", "GeForce", "nvidia-rtx", "-x", ""])),
 ).map("".join)
 EXPRESSIONS = st.lists(st.lists(CONDITIONS, min_size=1, max_size=3).map(",".join), max_size=3).map(" ".join)
-# Built by repetition: cheap to draw at any size.
+# Up to 3.6 MB (one NRI message carries at most 4 MiB), built by repetition: cheap to draw.
 BOMBS = st.tuples(
     st.sampled_from(["cuda>=1 ", "cuda>=1,", "brand=tesla,driver>=470,driver<471 ", "arch>=9.0,", "1", " ", ",", "é"]),
-    st.sampled_from([100, 300, 2000, 400_000, 1_000_000]),
+    st.sampled_from([100, 300, 2000, 100_000]),
 ).map(lambda t: t[0] * t[1])
 TEXTS = st.one_of(EXPRESSIONS, mutated_text(EXPRESSIONS), st.text(max_size=30), BOMBS)
 FACT = st.one_of(st.none(), VERSION, st.sampled_from(["", "unknown", "12.x"]), st.text(max_size=6))
