@@ -71,7 +71,8 @@ OPTIONS: tuple[Option, ...] = (
         '"127.0.0.1:9402"',
         'host:port (or [v6]:port) serving /healthz and /metrics; "" turns the server off.\n'
         "Security: it answers anyone who can reach it, without authentication; keep it on\n"
-        "loopback unless the port is protected.",
+        "loopback unless the port is protected. The DaemonSet's pod has a network namespace\n"
+        'of its own and listens on "0.0.0.0:9402" there, the pod\'s address the kubelet probes.',
     ),
     Option(
         "engine",
