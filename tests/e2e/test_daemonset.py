@@ -363,6 +363,27 @@ def test_plugin_image_runs_as_daemonset_and_serves_gpu_pods(
     assert plugin_pod.address and not plugin_pod.address.startswith("127."), plugin_pod.address
     for kind in ("readinessProbe", "livenessProbe"):
         assert probe(manifest, kind, plugin_pod) == 200, kind
+    # The memory limit leaves room: the plugin's peak (start workers included) is well below.
+    peak = _memory_peak(cri, plugin_pod.container_id)
+    limit = _bytes(manifest.container["resources"]["limits"]["memory"])
+    if peak is not None:
+        print(f"plugin memory peak {peak / 2**20:.1f} MiB of a {limit / 2**20:.0f} MiB limit")
+        assert peak < limit / 2, (peak, limit)
+
+
+def _bytes(quantity: str) -> int:
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    return int(quantity[:-2]) * units[quantity[-2:]] if quantity[-2:] in units else int(quantity)
+
+
+def _memory_peak(cri: CriClient, cid: str) -> int | None:
+    """The container's peak memory from its cgroup (v1 or v2), None where unreadable."""
+    cgroup = cri.container_status(cid, verbose=True).spec["linux"]["cgroupsPath"]
+    for path in (Path("/sys/fs/cgroup/memory") / cgroup.lstrip("/") / "memory.max_usage_in_bytes",
+                 Path("/sys/fs/cgroup") / cgroup.lstrip("/") / "memory.peak"):
+        if path.is_file():
+            return int(path.read_text())
+    return None
 
 
 def _mount_options(cri: CriClient, cid: str) -> dict[str, set[str]]:
