@@ -19,10 +19,11 @@ class PluginError(Exception):
     """
 
     def __init__(self, message: str) -> None:
-        super().__init__(_bounded(str(message)))
+        super().__init__(bounded(str(message)))
 
 
-def _bounded(message: str) -> str:
+def bounded(message: str) -> str:
+    """``message`` as one printable line of at most ``MAX_MESSAGE`` characters."""
     total = len(message)
     text = printable(message[:MAX_MESSAGE])  # cut first: escaping megabytes would itself be slow
     if total <= MAX_MESSAGE and len(text) <= MAX_MESSAGE:

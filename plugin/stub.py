@@ -39,7 +39,7 @@ from google.protobuf.message import DecodeError, Message
 from plugin._proto import nri_pb2 as api
 from plugin.budget import Timeouts, deadline_scope
 from plugin.config import PluginConfig
-from plugin.errors import PluginError, RegistrationError
+from plugin.errors import PluginError, RegistrationError, bounded
 from plugin.events import Event, events_of, mask_of, valid_events
 from plugin.metrics import ERROR_INTERNAL, ERROR_REFUSED, ERROR_START_FAILED, PluginMetrics
 from plugin.ttrpc import Code, ConnectionClosed, InboundRequest, MuxConnection, StatusError
@@ -340,7 +340,8 @@ class Stub:
                 kind = ERROR_INTERNAL
             if self._metrics is not None:
                 self._metrics.error(kind)
-            raise StatusError(Code.UNKNOWN, f"{self._config.name}: {what}: {cause}") from exc
+            # Names and an exception's text can carry container input: one bounded line.
+            raise StatusError(Code.UNKNOWN, bounded(f"{self._config.name}: {what}: {cause}")) from exc
 
     async def _notify(self, event: Event, pod: Any, container: Any) -> None:
         if event.is_pod_event:

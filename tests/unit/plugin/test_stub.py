@@ -36,6 +36,8 @@ class Recorder:
         self.calls.append(("create_container", (p.name, c.name)))
         if c.name == "boom":
             raise ValueError("kaboom")
+        if c.name == "forge":
+            raise ValueError("x\nnri-gpu: forged line " + "y" * 100_000)
         if c.name == "refused":
             raise PluginError("GPU 7 does not exist on this node")
         return api.ContainerAdjustment(env=[api.KeyValue(key="SEEN", value=p.annotations.get("x", ""))])
@@ -117,6 +119,21 @@ def test_handler_exception_becomes_a_status_naming_container_and_cause_and_conne
         # The next request on the same connection still works.
         reply = await rt.create_container(pod(), container("ok"))
         assert reply.adjust.env[0].key == "SEEN"
+
+    run(connected(Recorder(), body))
+
+
+def test_an_internal_error_cannot_forge_lines_or_flood_the_cri_error() -> None:
+    """Any exception's text (and the pod and container names) may carry container
+    input: the status is one printable line of bounded size, like a refusal's."""
+
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
+        with pytest.raises(StatusError) as err:
+            await rt.create_container(pod("p\x1b[2J", "team-a"), container("forge"))
+        msg = err.value.message
+        assert "\n" not in msg and "\x1b" not in msg
+        assert "ValueError: x\\nnri-gpu: forged line" in msg
+        assert len(msg) <= 4096
 
     run(connected(Recorder(), body))
 
