@@ -33,6 +33,7 @@ the image's libraries are found in the loader's default folders as before.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import signal
@@ -56,14 +57,29 @@ MAIN_CONF = "/etc/ld.so.conf"
 MAIN_CONF_TEXT = b"include /etc/ld.so.conf.d/*.conf\n"  # what the toolkit writes where there is none
 CACHE = "/etc/ld.so.cache"
 _CACHE_LIMIT = MAX_CACHE_SIZE  # no real image's cache comes near (they are well under 1 MB)
+_BINARY_LIMIT = 64 << 20  # a static ldconfig is about 1 MB
+_MFD_EXEC = 0x0010  # <linux/memfd.h>, Linux 6.3: executable even under vm.memfd_noexec=1
+_SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
 _TAIL = 4096
 
 
 def open_trusted(path: str) -> int:
-    """Open the host's ldconfig, checked: a root-owned regular file no one else may
-    write, executable, and static. Raises ``WorkError``."""
+    """The host's ldconfig, checked (a root-owned regular file no one else may
+    write, executable, and static), as an fd of a sealed copy the ldconfig
+    process may execute but not read. Opened on the host, before entering the
+    container. Raises ``WorkError``.
+
+    Why a copy: ``execve`` makes a process dumpable again when its uid may read
+    the binary, and ``nobody`` may read the host's ldconfig; a dumpable process
+    can be ptraced by any other process of its uid that can name it (a host
+    daemon running as ``nobody``, a pod with the host's pid namespace), which
+    could then hand the worker a cache of its making. A copy in a sealed memfd
+    that ``nobody`` may only execute keeps the process undumpable through the
+    exec, and what runs is exactly what was checked: the host file could change
+    after the check, the copy cannot.
+    """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
         raise WorkError(f"{path}: {os.strerror(exc.errno or 0)}") from exc
     try:
@@ -72,8 +88,14 @@ def open_trusted(path: str) -> int:
             raise WorkError(f"{path}: not an executable file")
         if info.st_uid != 0 or info.st_mode & 0o022:
             raise WorkError(f"{path}: must be owned by root and writable by root only")
+        if info.st_size > _BINARY_LIMIT:
+            raise WorkError(f"{path}: {info.st_size} bytes, over the limit of {_BINARY_LIMIT} bytes for ldconfig")
+        copy = _sealed_copy(fd, info.st_size, path)
+    finally:
+        os.close(fd)
+    try:
         try:
-            interp = elf.interpreter(os.pread(fd, elf.HEAD_SIZE, 0))
+            interp = elf.interpreter(os.pread(copy, elf.HEAD_SIZE, 0))
         except ValueError as exc:
             raise WorkError(f"{path}: {exc}") from exc
         if interp is not None:
@@ -82,9 +104,35 @@ def open_trusted(path: str) -> int:
                 "by the image's own loader; configure a statically linked ldconfig"
             )
     except BaseException:
-        os.close(fd)
+        os.close(copy)
         raise
-    return fd
+    return copy
+
+
+def _sealed_copy(fd: int, size: int, path: str) -> int:
+    """A read-only fd of a memfd holding the ``size`` bytes of ``fd``: sealed against
+    any change, mode 0511 (root may read it; others, ``nobody`` among them, may
+    only execute it)."""
+    flags = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
+    try:
+        memfd = os.memfd_create("nri-gpu-ldconfig", flags | _MFD_EXEC)
+    except OSError:  # a kernel before 6.3 knows no MFD_EXEC (and execs any memfd)
+        memfd = os.memfd_create("nri-gpu-ldconfig", flags)
+    try:
+        done = 0
+        while done < size:
+            sent = os.sendfile(memfd, fd, done, size - done)
+            if sent == 0:
+                raise WorkError(f"{path}: shorter than its size ({done} of {size} bytes)")
+            done += sent
+        os.fchmod(memfd, 0o511)
+        fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, _SEALS)
+        # exec refuses a file open for writing (ETXTBSY): keep a read-only fd only.
+        return os.open(f"/proc/self/fd/{memfd}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise WorkError(f"{path}: copying it for the run: {exc.strerror or exc}") from exc
+    finally:
+        os.close(memfd)
 
 
 def conf_text(folders: tuple[str, ...]) -> bytes:

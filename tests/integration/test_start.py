@@ -548,10 +548,10 @@ int main(int argc, char **argv) {
     for (int i = 0; i < argc; i++)
         printf("%s%s", i ? "," : "", argv[i]);
     printf(" uid=%d gid=%d groups=%d", (int)getuid(), (int)getgid(), getgroups(0, NULL));
-    printf(" env=%d pid=%d ppid=%d caps=%x:%x nnp=%d cpu=%ld fsize=%ld proc=%d cwd=%s open=%d\n",
+    printf(" env=%d pid=%d ppid=%d caps=%x:%x nnp=%d cpu=%ld fsize=%ld proc=%d cwd=%s open=%d dumpable=%d\n",
            envc, getpid(), getppid(), d[1].effective | d[1].permitted, d[0].effective | d[0].permitted,
            prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0), (long)cpu.rlim_cur, (long)fsize.rlim_cur, procs,
-           getcwd(cwd, sizeof cwd), (int)(fcntl(3, F_GETFD) >= 0));
+           getcwd(cwd, sizeof cwd), (int)(fcntl(3, F_GETFD) >= 0), prctl(PR_GET_DUMPABLE, 0, 0, 0, 0));
     return 1;
 }
 """
@@ -568,7 +568,10 @@ def test_ldconfig_runs_confined(runc: RuncHost, plan: Plan, rebuild: StartWork, 
     assert report["argv"] == "ldconfig,-X,-i,-f,/etc/ld.so.conf,-C,/proc/ld.so.cache"
     assert (report["uid"], report["gid"], report["groups"]) == ("65534", "65534", "0")  # nobody
     assert report["env"] == "0"  # no environment at all: no LD_PRELOAD of the image's
-    assert int(report["pid"]) < 10 and report["ppid"] == "0"  # in the container's pid namespace
+    assert report["pid"] == "1" and report["ppid"] == "0"  # pid 1 of a pid namespace of its own
+    # Not dumpable, even after the exec (which makes a process dumpable again when
+    # its uid may read the binary): no process of its uid can ptrace it.
+    assert report["dumpable"] == "0"
     assert report["caps"] == "0:0" and report["nnp"] == "1"
     assert (report["cpu"], report["fsize"]) == ("10", str(64 << 20))
     assert report["proc"] == "0"  # /proc is our empty output tmpfs: no magic link to climb out through
@@ -604,11 +607,17 @@ def sleeper(gcc: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _running(exe: Path) -> list[int]:
+    """Processes running ``exe``: by its path, or as the sealed copy the start work
+    executes (``/memfd:nri-gpu-ldconfig``), recognised by its content."""
+    content = exe.read_bytes()
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if os.readlink(entry / "exe") == str(exe):
+                link = os.readlink(entry / "exe")
+                if link == str(exe) or (
+                    link.startswith("/memfd:nri-gpu-ldconfig") and (entry / "exe").read_bytes() == content
+                ):
                     found.append(int(entry.name))
             except OSError:
                 pass
@@ -953,6 +962,7 @@ def test_ldconfig_runs_in_namespaces_of_its_own(runc: RuncHost, plan: Plan, rebu
             time.sleep(0.01)
         (pid,) = _running(sleeper)
         assert _nspid(pid)[1:] == [1]  # pid 1 of a namespace right below ours
+        assert os.stat(f"/proc/{pid}/status").st_uid == 0  # not dumpable: its /proc files are root's, not nobody's
         for ns in ("pid", "net", "ipc", "uts", "mnt"):
             theirs = os.readlink(f"/proc/{pid}/ns/{ns}")
             assert theirs != os.readlink(f"/proc/{c.pid}/ns/{ns}"), ns
