@@ -235,6 +235,7 @@ class StatusServer:
                 return
             logger.debug("status server: %d connections open; dropping the oldest unfinished one", MAX_CLIENTS)
             victim.abort()
+            self._forget(victim)  # now: its connection_lost comes later
         self._connections[conn] = None
 
     def _forget(self, conn: _Connection) -> None:
@@ -343,6 +344,7 @@ class _Connection(asyncio.Protocol):
         self._timer = asyncio.get_running_loop().call_later(WRITE_TIMEOUT, self.abort)
 
     def abort(self) -> None:
+        self.receiving = False
         if self._transport is not None:
             self._transport.abort()
 

@@ -324,3 +324,49 @@ def test_the_server_answers_while_the_nri_loop_is_stuck_and_says_so() -> None:
             await server.stop()
 
     run(main())
+
+
+def test_connections_never_exceed_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Total connections are bounded (each is a file descriptor the plugin's own work
+    needs too): beyond MAX_CLIENTS, the oldest unfinished ones are closed."""
+    monkeypatch.setattr(httpd, "MAX_CLIENTS", 8)
+
+    async def main() -> None:
+        server = await started()
+        held = await _hold(server.port, 40, "idle")
+        try:
+            await asyncio.sleep(0.1)
+            assert len(server._connections) <= 8
+            assert (await get(server.port, "/healthz"))[0] == 200
+        finally:
+            for writer in held:
+                writer.close()
+            await server.stop()
+
+    run(main())
+
+
+def test_health_and_metrics_are_computed_on_the_nri_loops_thread() -> None:
+    """The metrics registry and the stub are not thread-safe: the status thread only
+    asks the loop that started it for them."""
+    threads: list[int] = []
+
+    class Metrics(PluginMetrics):
+        def render(self) -> str:
+            threads.append(threading.get_ident())
+            return super().render()
+
+    def health() -> Health:
+        threads.append(threading.get_ident())
+        return Health(True)
+
+    async def main() -> None:
+        server = await started(health, Metrics())
+        try:
+            assert (await get(server.port, "/healthz"))[0] == 200
+            assert (await get(server.port, "/metrics"))[0] == 200
+        finally:
+            await server.stop()
+
+    run(main())
+    assert threads and set(threads) == {threading.get_ident()}
