@@ -59,9 +59,10 @@ MAX_DEVICES = 1024  # no node has more GPUs; bounds what one list may expand to
 # CUDA image's NVIDIA_REQUIRE_CUDA is 1-3 KiB, a device list names a few GPUs.
 MAX_VALUE_LENGTH = 16384  # characters of any env or annotation value we read
 MAX_LIST_ENTRIES = 256  # entries of a device list, capability list, or volume markers
-# Env entries (and mounts) of one container the plugin reads at all; the kubelet's
-# service links give big namespaces thousands, a 4 MiB NRI message holds 800k.
-MAX_ENV_ENTRIES = 65536
+# ``NVIDIA_*``/``CUDA_VERSION`` env entries of one container that a request reads; a
+# real image has a dozen. The rest of the env is only scanned, never copied (an NRI
+# message is at most 4 MiB, so even 800k entries scan in ~60 ms).
+MAX_REQUEST_ENV = 1024
 
 
 @dataclass(frozen=True)

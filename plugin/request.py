@@ -6,12 +6,13 @@ ask for nothing. It answers with two annotation lookups and one scan of the env
 list for a prefix (plus the mount markers only when policy reads them), before
 any conversion happens.
 
-Both paths read a bounded amount. A 4 MiB NRI message can carry 800k env
-entries (58 ms to scan, 283 ms to turn into a dict); a container with more than
-``MAX_ENV_ENTRIES`` env entries (or mounts, where markers count) is not scanned
-at all: ``may_request`` says it may ask, and ``container_info`` refuses it by its
-count. ``container_info`` copies only what a request reads: the two annotations,
-the ``NVIDIA_*`` and ``CUDA_VERSION`` env, the volume markers.
+Both paths read a bounded amount. The NRI message is at most 4 MiB (the ttrpc
+frame limit): 800k env entries at most, 58 ms to scan. A container that asks for
+nothing is never refused for its size (it gets nothing and pays only the scan);
+``container_info`` copies only what a request reads (the two annotations, the
+``NVIDIA_*`` and ``CUDA_VERSION`` env, the volume markers) and refuses a container
+with more than ``MAX_REQUEST_ENV`` such env entries or ``MAX_LIST_ENTRIES``
+markers as soon as it counts past the bound, before building anything bigger.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from engine.config import Policy
 from engine.errors import RequestError
 from engine.request import (
     CONTAINER_ANNOTATION_PREFIX,
-    MAX_ENV_ENTRIES,
+    MAX_LIST_ENTRIES,
+    MAX_REQUEST_ENV,
     POD_ANNOTATION,
     VOLUME_MARKER_DIR,
     ContainerInfo,
@@ -38,16 +40,12 @@ def may_request(pod: api.PodSandbox, container: api.Container, policy: Policy) -
     annotations = pod.annotations
     if POD_ANNOTATION in annotations or CONTAINER_ANNOTATION_PREFIX + container.name in annotations:
         return True
-    env = container.env
-    if len(env) > MAX_ENV_ENTRIES:
-        return True  # too many to look through: container_info refuses it
-    for entry in env:
+    for entry in container.env:
         if entry.startswith(_ENV_PREFIX) or (policy.legacy_image_all_gpus and entry.startswith(_LEGACY_PREFIX)):
             return True
     if not policy.accept_volume_mounts:
         return False
-    mounts = container.mounts
-    return len(mounts) > MAX_ENV_ENTRIES or any(m.destination.startswith(_MARKER_PREFIX) for m in mounts)
+    return any(m.destination.startswith(_MARKER_PREFIX) for m in container.mounts)
 
 
 def env_map(container: api.Container) -> dict[str, str]:
@@ -60,23 +58,27 @@ def env_map(container: api.Container) -> dict[str, str]:
 
 
 def _request_env(container: api.Container) -> dict[str, str]:
-    """``env_map`` of only the entries a request reads; refuses an env past the bound unread."""
-    if len(container.env) > MAX_ENV_ENTRIES:
-        raise RequestError(
-            f"the container has {len(container.env)} env entries; nri-gpu reads at most {MAX_ENV_ENTRIES}"
-        )
+    """``env_map`` of only the entries a request reads; refuses more than ``MAX_REQUEST_ENV`` of them."""
     env: dict[str, str] = {}
+    count = 0
     for entry in container.env:
         if entry.startswith(_REQUEST_ENV):
+            count += 1
+            if count > MAX_REQUEST_ENV:
+                raise RequestError(f"the container has more than {MAX_REQUEST_ENV} NVIDIA_* env entries")
             key, _, value = entry.partition("=")
             env.setdefault(key, value)
     return env
 
 
 def _markers(container: api.Container) -> tuple[tuple[str, str], ...]:
-    if len(container.mounts) > MAX_ENV_ENTRIES:
-        raise RequestError(f"the container has {len(container.mounts)} mounts; nri-gpu reads at most {MAX_ENV_ENTRIES}")
-    return tuple((m.source, m.destination) for m in container.mounts if m.destination.startswith(_MARKER_PREFIX))
+    found: list[tuple[str, str]] = []
+    for m in container.mounts:
+        if m.destination.startswith(_MARKER_PREFIX):
+            if len(found) == MAX_LIST_ENTRIES:
+                raise RequestError(f"volume mounts under {VOLUME_MARKER_DIR}: more than {MAX_LIST_ENTRIES} entries")
+            found.append((m.source, m.destination))
+    return tuple(found)
 
 
 def container_info(pod: api.PodSandbox, container: api.Container) -> ContainerInfo:
