@@ -18,9 +18,10 @@ namespace of its own, with ``fork_raw`` (see ``ldconfig._fork``), it:
   of the same uid in a shared process namespace) can name it, so none can
   ptrace it, open its ``/proc/<pid>`` or take an fd from it (``pidfd_getfd``);
 * becomes ``nobody`` (uid and gid 65534, no supplementary groups) with no
-  capability left, bounding set included, ``no_new_privs``, not dumpable
-  (until the exec: ``execve`` makes a process dumpable again when its uid may
-  read the binary, so the pid namespace above is what holds after it);
+  capability left, bounding set included, ``no_new_privs``, and not dumpable,
+  also after the exec (which makes a process dumpable again only when its uid
+  may read the binary: ``ldconfig.open_trusted`` hands over a copy ``nobody``
+  may only execute), so not even a host process of uid 65534 can ptrace it;
   10 s of CPU, 64 MiB files. ldconfig only reads the container; the one thing
   it writes is its cache, into the output tmpfs (``-C /proc/ld.so.cache``);
   ``-X`` stops it making SONAME links and ``-i`` from trusting the image's aux
