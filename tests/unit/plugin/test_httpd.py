@@ -370,3 +370,29 @@ def test_health_and_metrics_are_computed_on_the_nri_loops_thread() -> None:
 
     run(main())
     assert threads and set(threads) == {threading.get_ident()}
+
+
+def test_a_client_that_never_reads_its_answer_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-connection time is bounded on the way out too: WRITE_TIMEOUT after the
+    answer is queued, a client that does not take it loses the connection."""
+    monkeypatch.setattr(httpd, "WRITE_TIMEOUT", 0.3)
+
+    class Big(PluginMetrics):
+        def render(self) -> str:
+            return "x" * (16 << 20)  # far more than the sockets' buffers hold
+
+    async def main() -> None:
+        server = await started(metrics=Big())
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", server.port)
+            writer.transport.pause_reading()  # and never read
+            writer.write(b"GET /metrics HTTP/1.1\r\n\r\n")
+            await asyncio.sleep(0.2)
+            assert len(server._connections) == 1
+            await asyncio.sleep(0.6)
+            assert len(server._connections) == 0
+            writer.close()
+        finally:
+            await server.stop()
+
+    run(main())
