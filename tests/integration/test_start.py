@@ -1055,3 +1055,22 @@ def test_an_image_cache_over_a_limit_fails_the_start_quickly(
     with pytest.raises(StartError, match=rf"ld\.so\.cache: .*{message}"):
         run_start(c.pid, work)
     assert time.monotonic() - began < 0.5
+
+
+def test_a_fifo_among_the_images_conf_files_costs_the_rebuild_its_deadline_only(
+    runc: RuncHost, plan: Plan, rebuild: StartWork
+) -> None:
+    """ldconfig opens the image's conf files as they are, and an open of a FIFO
+    waits for a writer; no mount flag forbids that. What bounds it is the deadline:
+    the image's own container fails to start, clearly, in time; the plugin does not
+    wait longer."""
+
+    def prepare(rootfs: Path) -> None:
+        (rootfs / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+        _plant("fifo", rootfs / "etc/ld.so.conf.d/zz-fifo.conf")
+
+    c = gpu_container(runc, plan, "true", prepare=prepare)
+    began = time.monotonic()
+    with pytest.raises(StartError, match=r"ldconfig: .* did not finish before the deadline and was killed"):
+        run_start(c.pid, rebuild, timeout=0.6)
+    assert time.monotonic() - began < 0.8
