@@ -274,14 +274,16 @@ def _host_source(work: StartWork) -> procview.Source:
 
 def _trusted(proc: int, path: str) -> ldconfig.Trusted:
     binary = ldconfig.open_trusted(path)
-    with open(os.open("mountinfo", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc), encoding="utf-8", errors="replace") as f:
+    with open(
+        os.open("mountinfo", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=proc), encoding="utf-8", errors="replace"
+    ) as f:
         text = f.read(_MOUNTINFO_LIMIT + 1)
     if len(text) > _MOUNTINFO_LIMIT:
         # Cut short, a procfs mount could be missed and left uncovered for ldconfig.
         raise WorkError(f"the container's mountinfo is over {_MOUNTINFO_LIMIT} bytes")
     points = mountinfo.proc_mount_points(text)
     own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)  # unreachable once inside
-    devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+    devnull = os.open("/dev/null", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
     return ldconfig.Trusted(path=path, binary=binary, own_pid_namespace=own, proc_mounts=points, devnull=devnull)
 
 
@@ -294,7 +296,7 @@ def _trusted_here(root: RootDir, rootfs: str, path: str) -> ldconfig.Trusted:
     with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
         points = mountinfo.proc_mount_points(f.read())
     inside = tuple(point[len(prefix) :] for point in points if point.startswith(prefix + "/"))
-    devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
+    devnull = os.open("/dev/null", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
     try:
         own: int | None = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:

@@ -128,7 +128,7 @@ def _sealed_copy(fd: int, size: int, path: str) -> int:
         os.fchmod(memfd, 0o511)
         fcntl.fcntl(memfd, fcntl.F_ADD_SEALS, _SEALS)
         # exec refuses a file open for writing (ETXTBSY): keep a read-only fd only.
-        return os.open(f"/proc/self/fd/{memfd}", os.O_RDONLY | os.O_CLOEXEC)
+        return os.open(f"/proc/self/fd/{memfd}", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
         raise WorkError(f"{path}: copying it for the run: {exc.strerror or exc}") from exc
     finally:
@@ -287,7 +287,9 @@ def _fork(trusted: Trusted, output: int, cache: int) -> int:
 
 def _read_cache(cache: int, path: str) -> bytes:
     try:
-        fd = os.open(confine.CACHE_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=cache)
+        fd = os.open(
+            confine.CACHE_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=cache
+        )
     except OSError as exc:
         raise WorkError(f"{path} wrote no cache ({exc.strerror})") from exc
     try:

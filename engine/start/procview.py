@@ -263,7 +263,9 @@ def _mkdir(dirfd: int, name: str) -> None:
 
 def _write(dirfd: int, name: str, data: bytes, mode: int, *, replace: bool = False) -> None:
     # A tmpfs of our own, holding nothing the container made: a plain create.
-    flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_TRUNC if replace else os.O_CREAT | os.O_EXCL)
+    flags = (
+        os.O_WRONLY | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC | (os.O_TRUNC if replace else os.O_CREAT | os.O_EXCL)
+    )
     fd = os.open(name, flags, mode, dir_fd=dirfd)
     try:
         view = memoryview(data)
