@@ -14,13 +14,21 @@ from __future__ import annotations
 
 import random
 import struct
+import time
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.ldcache import HWCAP_EXTENSION, LdCache, is_64bit_flags, is_hwcaps_entry, read_ld_so_cache
+from engine.ldcache import (
+    HWCAP_EXTENSION,
+    LdCache,
+    LdCacheLimit,
+    is_64bit_flags,
+    is_hwcaps_entry,
+    read_ld_so_cache,
+)
 from engine.ldcache_merge import GENERATOR, encode, libcmp, merge, sorted_like_ldconfig
 from engine.model import LdCacheEntry
 
@@ -184,3 +192,13 @@ def test_merged_caches_stay_sorted_and_round_trip(image: list[LdCacheEntry], our
         e for e in base.entries if (e.name, e.path) not in keys
     ]
     assert read_ld_so_cache(encode(merged)) == merged
+
+
+def test_a_merge_past_its_deadline_stops_with_a_clear_error() -> None:
+    image = LdCache(tuple(LdCacheEntry(f"libx{i}.so.1", f"/lib/libx{i}.so.1", 0x0303, True, 0) for i in range(9000)))
+    ours = [LdCacheEntry("libcuda.so.1", "/usr/lib/libcuda.so.1", 0x0303, True, 0)]
+    assert len(merge(image, ours, deadline=time.monotonic() + 60).entries) == 9001
+    with pytest.raises(LdCacheLimit, match="the merge did not finish before the deadline"):
+        merge(image, ours, deadline=time.monotonic() - 1)
+    with pytest.raises(LdCacheLimit, match="writing the merged cache did not finish before the deadline"):
+        encode(image, deadline=time.monotonic() - 1)

@@ -51,3 +51,15 @@ def test_link_and_folder_paths_are_checked() -> None:
         StartWork("c", (), (Symlink("/usr/lib/../../etc/x", "y"),), ())
     with pytest.raises(ValueError, match="clean absolute"):
         StartWork("c", (), (), ("lib",))
+
+
+@pytest.mark.parametrize("path", ["/k8s/a\nb", "/k8s/a\0b", "/k8s/" + "a" * 5000], ids=["newline", "nul", "long"])
+def test_a_bad_cgroups_path_is_refused_bounded(path: str) -> None:
+    with pytest.raises(ValueError, match=r"^bad cgroups path ") as caught:
+        StartWork(container="c", visible_bus_ids=(), symlinks=(), ldconfig_folders=(), cgroups_path=path)
+    assert len(str(caught.value)) < 300
+
+
+def test_start_work_carries_the_cgroups_path() -> None:
+    work = start_work(Plan(), 'container "c"', "/proc", cgroups_path="kubepods.slice:cri-containerd:abc")
+    assert work.cgroups_path == "kubepods.slice:cri-containerd:abc"
