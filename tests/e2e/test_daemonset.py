@@ -120,7 +120,8 @@ def _network_ready(cri: CriClient) -> bool:
 def _pod_network(bed: Testbed) -> None:
     """A CNI network for pods with their own network namespace, as a cluster has: the
     Debian plugins' ptp (a veth pair, no bridge, no iptables) and host-local addresses
-    from a /24 of this containerd's own, so test beds side by side do not collide."""
+    from a /24 of this containerd's own, so test beds side by side do not collide. (ptp
+    turns the machine's IPv4 forwarding on, as any CNI plugin that routes does.)"""
     cni = bed.workdir / "cni"
     conflist = cni / "net.d" / "10-e2e.conflist"
     if not conflist.exists():
