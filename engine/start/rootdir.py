@@ -101,11 +101,14 @@ class RootDir:
             raise WorkError(describe(exc, "/") + " (cloning the container's mounts)") from exc
         try:
             flags = syscalls.AT_EMPTY_PATH
-            locked = syscalls.MOUNT_ATTR_NODEV | syscalls.MOUNT_ATTR_NOSUID
-            syscalls.mount_setattr(fd, "", flags | syscalls.AT_RECURSIVE, attr_set=locked)
+            safe = syscalls.MOUNT_ATTR_NODEV | syscalls.MOUNT_ATTR_NOSUID
+            # Private: a clone of a shared mount would otherwise join its peer group.
+            syscalls.mount_setattr(
+                fd, "", flags | syscalls.AT_RECURSIVE, attr_set=safe, propagation=syscalls.MS_PRIVATE
+            )
+            # A file system read-only itself (an erofs image) stays so: a write
+            # then fails naming its path, and work that writes nothing still runs.
             syscalls.mount_setattr(fd, "", flags, attr_clr=syscalls.MOUNT_ATTR_RDONLY)
-            if os.fstatvfs(fd).f_flag & os.ST_RDONLY:
-                raise WorkError("/: the file system itself is read-only, not only the mount")
         except OSError as exc:
             os.close(fd)
             raise WorkError(describe(exc, "/") + " (setting up the writable copy of the root)") from exc
