@@ -53,6 +53,7 @@ _MOUNTINFO_LIMIT = 4 << 20
 # Whose mount namespace and root a container's never are: the plugin's own and
 # pid 1's (the node's init, when the plugin has the host's pid namespace).
 _NOT_CONTAINERS = (("/proc/self", "the plugin's"), ("/proc/1", "the host's (pid 1's)"))
+_Seen = tuple[os.stat_result, str]  # a stat of a root or namespace, and whose it is
 
 
 class StepFailed(Exception):
@@ -219,9 +220,6 @@ def _open_host(pid: int, work: StartWork, step: _Steps, ldconfig_path: str) -> t
         return mntns, host, roots
     finally:
         os.close(proc)
-
-
-_Seen = tuple[os.stat_result, str]
 
 
 def _identities(name: str) -> list[_Seen]:
