@@ -144,7 +144,8 @@ OPTIONS: tuple[Option, ...] = (
         'or a list such as ["ml", "research"]. A pod elsewhere that asks by annotation or\n'
         "volume markers is refused; one whose env asks (nvidia/cuda images say all) runs\n"
         "without GPUs, and the log says why. A pod made without a namespace (straight\n"
-        'through CRI) passes only "*".',
+        'through CRI) passes only "*". Security: on a shared cluster list the namespaces\n'
+        "that run GPU work; with \"*\" every namespace's pods may get GPUs.",
     ),
     Option(
         "policy",

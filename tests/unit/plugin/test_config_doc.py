@@ -44,7 +44,16 @@ def test_every_key_is_in_the_text_with_a_comment_above() -> None:
 
 
 @pytest.mark.parametrize(
-    "key", ["accept_env_unprivileged", "annotation_namespaces", "legacy_image_all_gpus", "ldconfig", "metrics_address"]
+    "key",
+    [
+        "accept_env_unprivileged",
+        "annotation_namespaces",
+        "namespaces",
+        "legacy_image_all_gpus",
+        "ldconfig",
+        "metrics_address",
+        "mps",
+    ],
 )
 def test_security_relevant_options_say_so(key: str) -> None:
     (option,) = [o for o in OPTIONS if o.key == key]
