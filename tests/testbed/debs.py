@@ -71,6 +71,37 @@ _NETWORK_ERRORS = re.compile(
 _SIGNATURE_ERRORS = re.compile(r"NO_PUBKEY|is not signed|couldn't be verified|EXPKEYSIG|Signed-By")
 
 
+
+def private_apt_conf(root: Path, lists: Path, architectures: Sequence[str], extra: str = "") -> str:
+    """An apt.conf that keeps apt's state, cache and sources under ``root`` (lists in
+    ``lists``) and ignores the system's sources and preferences; ``extra`` lines are
+    appended. Given with -c, so it is read AFTER the system's apt.conf.d (its proxy
+    settings apply) and wins over it."""
+    return f"""\
+#clear APT::Update::Pre-Invoke;
+#clear APT::Update::Post-Invoke;
+#clear APT::Update::Post-Invoke-Success;
+Dir::Etc::SourceList "{root}/sources.list";
+Dir::Etc::SourceParts "{root}/empty.d";
+Dir::Etc::Preferences "/dev/null";
+Dir::Etc::PreferencesParts "{root}/empty.d";
+Dir::State "{root}";
+Dir::State::Lists "{lists}";
+Dir::State::status "{root}/status";
+Dir::Cache "{root}/cache";
+Dir::Cache::pkgcache "{root}/cache/pkgcache.bin";
+Dir::Cache::srcpkgcache "";
+APT::Architecture "{ARCH}";
+APT::Architectures {{ {" ".join(f'"{a}";' for a in architectures)} }};
+APT::Sandbox::User "root";
+Acquire::Languages "none";
+Acquire::IndexTargets::deb::Contents-deb::DefaultEnabled "false";
+Acquire::IndexTargets::deb::DEP-11::DefaultEnabled "false";
+Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled "false";
+Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled "false";
+{extra}
+"""
+
 class DebError(RuntimeError):
     """A package could not be fetched or unpacked; the message names package, suite
     and carries apt's stderr."""
@@ -122,33 +153,9 @@ class _Suite:
         archs = ",".join(self.architectures)
         sources = f"deb [arch={archs} {signed_by}] {uri} {self.suite} {' '.join(self.components)}\n"
         _write_if_changed(self.dir / "sources.list", sources)
-        # Given with -c, so it is read AFTER the system's apt.conf.d and wins over it.
-        conf = f"""\
-#clear APT::Update::Pre-Invoke;
-#clear APT::Update::Post-Invoke;
-#clear APT::Update::Post-Invoke-Success;
-Dir::Etc::SourceList "{self.dir}/sources.list";
-Dir::Etc::SourceParts "{self.dir}/empty.d";
-Dir::Etc::Preferences "/dev/null";
-Dir::Etc::PreferencesParts "{self.dir}/empty.d";
-Dir::State "{self.dir}";
-Dir::State::Lists "{self.lists}";
-Dir::State::status "{self.dir}/status";
-Dir::Cache "{self.dir}/cache";
-Dir::Cache::pkgcache "{self.dir}/cache/pkgcache.bin";
-Dir::Cache::srcpkgcache "";
-APT::Architecture "{ARCH}";
-APT::Architectures {{ {" ".join(f'"{a}";' for a in self.architectures)} }};
-APT::Sandbox::User "root";
-Acquire::Languages "none";
-Acquire::IndexTargets::deb::Contents-deb::DefaultEnabled "false";
-Acquire::IndexTargets::deb::DEP-11::DefaultEnabled "false";
-Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled "false";
-Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled "false";
-// Pinned versions make a replayed index harmless here, and snapshot mirrors serve
-// Release files whose Valid-Until is long past.
-Acquire::Check-Valid-Until "false";
-"""
+        # Pinned versions make a replayed index harmless here, and snapshot mirrors serve
+        # Release files whose Valid-Until is long past.
+        conf = private_apt_conf(self.dir, self.lists, self.architectures, 'Acquire::Check-Valid-Until "false";')
         _write_if_changed(self.conf, conf)
 
     def apt(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

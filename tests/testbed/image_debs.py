@@ -38,7 +38,7 @@ from pathlib import Path
 
 from . import apt_sources
 from .cache import cache_dir, locked
-from .debs import ARCH, DebError, _apt_env, _safe, _tail
+from .debs import ARCH, DebError, _apt_env, _safe, _tail, private_apt_conf
 
 __all__ = ["Deb", "fetch", "security_mirror"]
 
@@ -88,34 +88,11 @@ class _Release:
             f"deb {signed} {uri} {self.release}-updates main\n"
             f"deb {signed} {security} {self.release}-security main\n"
         )
-        # Read after the system's apt.conf.d (its proxy settings apply) and wins over it.
-        self.conf.write_text(f"""\
-#clear APT::Update::Pre-Invoke;
-#clear APT::Update::Post-Invoke;
-#clear APT::Update::Post-Invoke-Success;
-Dir::Etc::SourceList "{self.dir}/sources.list";
-Dir::Etc::SourceParts "{self.dir}/empty.d";
-Dir::Etc::Preferences "/dev/null";
-Dir::Etc::PreferencesParts "{self.dir}/empty.d";
-Dir::State "{self.dir}";
-Dir::State::Lists "{self.lists}";
-Dir::State::status "{self.dir}/status";
-Dir::Cache "{self.dir}/cache";
-Dir::Cache::pkgcache "{self.dir}/cache/pkgcache.bin";
-Dir::Cache::srcpkgcache "";
-APT::Architecture "{ARCH}";
-APT::Architectures {{ "{ARCH}"; }};
-APT::Sandbox::User "root";
-Acquire::Languages "none";
+        self.conf.write_text(private_apt_conf(self.dir, self.lists, (ARCH,), """\
 Acquire::Check-Valid-Until "true";
 Acquire::AllowInsecureRepositories "false";
 Acquire::AllowDowngradeToInsecureRepositories "false";
-APT::Get::AllowUnauthenticated "false";
-Acquire::IndexTargets::deb::Contents-deb::DefaultEnabled "false";
-Acquire::IndexTargets::deb::DEP-11::DefaultEnabled "false";
-Acquire::IndexTargets::deb::DEP-11-icons::DefaultEnabled "false";
-Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled "false";
-""")
+APT::Get::AllowUnauthenticated "false";"""))
 
     def apt(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         tool = "apt-cache" if args[0] in ("madison", "show") else "apt-get"
