@@ -12,6 +12,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -85,9 +86,10 @@ def _suite(mirror: Path, suite: str, debs: list[Path], signer: Path, valid_for: 
 
 
 @pytest.fixture
-def repos(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+def repos(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, object]]:
     """A release mirror (bookworm, bookworm-updates) and its security mirror, signed by
-    ``trusted``; the test bed's cache and the host's mirror pointed at them."""
+    ``trusted``; the test bed's cache and the host's mirror pointed at them. The gpg
+    agents the keys started are stopped afterwards (they would outlive the test)."""
     monkeypatch.setenv("NRI_GPU_CACHE", str(tmp_path / "cache"))
     trusted_home, trusted_keyring = _key(tmp_path, "trusted")
     other_home, _ = _key(tmp_path, "other")
@@ -95,7 +97,9 @@ def repos(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     monkeypatch.setattr(apt_sources, "debian_mirror", lambda: (f"file://{mirror}", trusted_keyring))
     monkeypatch.setattr(apt_sources, "_system_source_entries", lambda: [])
     debs = {v: _deb(tmp_path, v) for v in ("1.0-1", "1.0-1+deb12u1", "1.0-1+deb12u2", "2.0-1")}
-    return {"mirror": mirror, "security": security, "trusted": trusted_home, "other": other_home, "debs": debs}
+    yield {"mirror": mirror, "security": security, "trusted": trusted_home, "other": other_home, "debs": debs}
+    for home in (trusted_home, other_home):
+        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "all"], capture_output=True, check=False)
 
 
 def _layout(repos: dict[str, object], *, security_signer: str = "trusted",
