@@ -4,9 +4,10 @@
 If anyone else can write such a folder (a mistake, but one that must not give
 them more), every name in it is theirs to swap between two of our calls. So:
 
-* a file is opened once, without following a link (``O_NOFOLLOW``) and without
-  blocking on a FIFO (``O_NONBLOCK``), and must then be a regular file: its
-  ``fstat`` is the one every later decision uses (its mode and owner included);
+* a file is looked up once, as an ``O_PATH`` handle that follows no link and
+  opens nothing (no device node's or FIFO's open runs), and must be a regular
+  file: its ``fstat`` is the one every later decision uses (its mode and owner
+  included), and only that inode is then opened for reading, through the handle;
 * a file is written as a new temporary file in the same folder (``O_EXCL``, so
   never someone else's), given its mode and owner through its descriptor, and
   renamed over the name; the name is then checked to be that file;
@@ -18,7 +19,6 @@ a ``config.toml`` that is a link to the real file stays one.
 
 from __future__ import annotations
 
-import errno
 import os
 import secrets
 import stat
@@ -65,19 +65,26 @@ class Folder:
         if self._fd is None:
             return None
         shown = self.path / name
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
         try:
-            fd = os.open(name, flags, dir_fd=self._fd)
+            handle = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._fd)
         except FileNotFoundError:
             return None
         except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise FileRefused(f"{shown} is a symbolic link (to {self._target(name)}); {if_link}") from exc
             raise FileRefused(f"{shown}: cannot read: {exc.strerror}") from exc
         try:
-            info = os.fstat(fd)
+            info = os.fstat(handle)
+            if stat.S_ISLNK(info.st_mode):
+                raise FileRefused(f"{shown} is a symbolic link (to {self._target(name)}); {if_link}")
             if not stat.S_ISREG(info.st_mode):
                 raise FileRefused(f"{shown} is not a regular file")
+            # The inode just checked, opened again through its handle: a name looked up
+            # a second time could be a device node by then.
+            fd = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise FileRefused(f"{shown}: cannot read: {exc.strerror}") from exc
+        finally:
+            os.close(handle)
+        try:
             if info.st_size > _LIMIT:
                 raise FileRefused(f"{shown} is over {_LIMIT} bytes")
             chunks, size = [], 0
