@@ -151,8 +151,9 @@ class Root:
         is opened ``O_PATH|O_NOFOLLOW`` relative to the one before, and that very
         inode is checked: nothing can be swapped in between), every folder is
         root's and writable by no one else, unless it is sticky like ``/tmp`` (there
-        only an entry's owner can move it, and the next component must be root's),
-        and the entry itself is of the expected type and root's; a directory entry
+        only an entry's owner can move it, and the next component must be root's and
+        no mount point: anyone may mount a FUSE file system on a folder of theirs
+        there, and its root then reports any owner), and the entry itself is of the expected type and root's; a directory entry
         is writable by no one else either (its contents reach every container).
         """
         parts = node_path.split("/")[1:]
@@ -163,7 +164,8 @@ class Root:
         except OSError as exc:
             raise DiscoveryError(f"{self.path}: {exc.strerror}") from exc
         try:
-            _check_folder(self.path, os.fstat(fd), sticky_ok=True)
+            parent = os.fstat(fd)
+            _check_folder(self.path, parent, sticky_ok=True)
             for depth, name in enumerate(parts, 1):
                 shown = self.host_path("/".join(parts[:depth]))
                 try:
@@ -182,10 +184,17 @@ class Root:
                     if stat.S_ISLNK(st.st_mode):
                         raise DiscoveryError(f"{shown} is a symbolic link (links are never followed here)")
                     raise DiscoveryError(f"{shown} is {got}, not {_TYPE_NAMES[want]}")
+                if parent.st_mode & stat.S_ISVTX and st.st_dev != parent.st_dev:
+                    # Anyone may mount a FUSE file system on a folder of theirs in /tmp;
+                    # its root then shows whatever owner and mode its owner likes.
+                    raise DiscoveryError(
+                        f"{shown} is a mount point in a sticky folder (its owner and mode are the mount's word)"
+                    )
                 if stat.S_ISDIR(st.st_mode):
                     _check_folder(shown, st, sticky_ok=not last)
                 elif st.st_uid != 0:
                     raise DiscoveryError(f"{shown} is owned by uid {st.st_uid}, not root")
+                parent = st
             return True
         finally:
             os.close(fd)

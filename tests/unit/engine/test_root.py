@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import posixpath
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -87,3 +89,38 @@ def test_resolve_always_gives_a_clean_path_inside_the_root(tree: Path, path: str
     resolved = Root(str(tree)).resolve(path)
     assert resolved.startswith("/") and posixpath.normpath(resolved) == resolved, resolved
     assert ".." not in resolved.split("/") and "//" not in resolved, resolved
+
+
+_MOUNTED_ENTRY = """
+import subprocess, sys
+from engine.errors import DiscoveryError
+from engine.model import EntryType
+from engine.root import Root
+root, where = sys.argv[1:]
+# What a FUSE file system a local user mounts on a folder of theirs (user_allow_other)
+# reports for its root: whatever its owner likes, here root's 0755.
+subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755,uid=0,gid=0", "bait", where], check=True)
+try:
+    print("taken" if Root(root).root_only_entry("/tmp/nvidia-mps", EntryType.DIRECTORY) else "absent")
+except DiscoveryError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_mount_on_an_entry_of_a_sticky_folder_is_refused(tmp_path: Path) -> None:
+    """In ``/tmp`` anyone may make a folder and mount a FUSE file system of their own
+    on it (``fusermount``), whose root then says it is root's and mode 0755: every
+    inode we check below it is the user's word. A mount on an entry of a sticky
+    folder is refused; the mount point's own owner is not what ``fstat`` shows."""
+    root = tmp_path / "node"
+    (root / "tmp/nvidia-mps").mkdir(parents=True)
+    os.chmod(root, 0o755)
+    os.chmod(root / "tmp", 0o1777)
+    os.chown(root / "tmp/nvidia-mps", 1000, 1000)
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", _MOUNTED_ENTRY,
+         str(root), str(root / "tmp/nvidia-mps")],
+        capture_output=True, text=True, timeout=30, cwd=Path(__file__).parents[3],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("refused:") and "mount" in done.stdout, done.stdout
