@@ -79,7 +79,17 @@ class LiveInventory:
 
     def _start(self) -> asyncio.Future[Inventory]:
         self._began = self._clock()
-        running = self._running = asyncio.get_running_loop().create_future()
+        running: asyncio.Future[Inventory] = asyncio.get_running_loop().create_future()
+        try:
+            taking = in_thread(self._cache.refresh, "nri-gpu-inventory")
+        except RuntimeError as exc:
+            # No thread to be had (the pod's pids limit, memory): the old inventory
+            # serves, and the next check tries again. Never marked running: nothing
+            # would ever settle it, and no refresh would start again.
+            logger.error("cannot take the node's inventory again: %s", exc)
+            running.set_result(self._cache.current)
+            return running
+        self._running = running
 
         def refreshed(outcome: asyncio.Future[bool]) -> None:
             self._running = None
@@ -89,5 +99,5 @@ class LiveInventory:
                 logger.error("taking the node's inventory again failed: %s", error, exc_info=error)
             running.set_result(self._cache.current)
 
-        in_thread(self._cache.refresh, "nri-gpu-inventory").add_done_callback(refreshed)
+        taking.add_done_callback(refreshed)
         return running

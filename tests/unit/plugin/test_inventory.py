@@ -1,0 +1,45 @@
+"""LiveInventory: the inventory for the event loop, taken again in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from engine.config import EngineConfig
+from engine.discover import InventoryCache, discover
+from engine.model import Inventory
+from plugin.inventory import LiveInventory
+from tests.testbed.gpunode import build_node
+
+
+def test_a_refresh_whose_thread_cannot_start_is_tried_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread that cannot be started (the pod's pids limit, no memory) is a
+    passing failure: the old inventory serves, and the next check starts a
+    refresh again. (Before: the refresh was marked running before its thread
+    started, so it stayed "running" for good: no refresh ever again, and every
+    request for a missing GPU waited its whole budget for it.)"""
+    node = build_node(tmp_path, gpus=2)
+    config = EngineConfig(driver_root=str(node.driver_root), dev_root=str(node.dev_root), proc_root=str(node.proc_root))
+
+    def take(c: EngineConfig) -> Inventory:
+        return discover(c, cuda_version=lambda p: ("12.4", None))
+
+    live = LiveInventory(InventoryCache(config, interval=0, take=take), interval=0, recheck=0)
+    start = threading.Thread.start
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    async def main() -> None:
+        monkeypatch.setattr(threading.Thread, "start", refuse)
+        assert len(live.current().gpus) == 2  # the old inventory, not an exception
+        assert not live.refreshing
+        assert await live.newer(0.5) is not None
+        monkeypatch.setattr(threading.Thread, "start", start)
+        assert await live.newer(5.0) is not None  # a refresh runs again
+        assert not live.refreshing
+
+    asyncio.run(main())
