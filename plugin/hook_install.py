@@ -16,7 +16,8 @@ anyone but root can change:
 "Anyone but root can change" means: not owned by uid 0, or writable by its
 group or by others. A directory on the way may be writable by others if it is
 sticky and root-owned (``/tmp``): no one else can then replace an entry of
-root's. A directory imported from may not: anyone could add a module to it.
+root's, so a link there must be root's too (its owner may repoint it). A
+directory imported from may not: anyone could add a module to it.
 
 The interpreter is asked where it imports from, in two steps, so that nothing
 that is not yet checked runs: first without ``site`` (``-I -S``: the standard
@@ -104,6 +105,12 @@ def _resolve(path: str, problems: list[str], *, missing_ok: bool = False) -> tup
             problems.append(f"{candidate} cannot be checked: {exc.strerror}")
             return None
         if stat.S_ISLNK(entry.st_mode):
+            if entry.st_uid != 0 and info.st_mode & 0o022:
+                # A sticky folder keeps others from replacing an entry, not its owner.
+                problems.append(
+                    f"{candidate} is a link owned by uid {entry.st_uid} in a sticky folder others may write"
+                )
+                return None
             hops -= 1
             if hops < 0:
                 problems.append(f"{path}: too many symbolic links")

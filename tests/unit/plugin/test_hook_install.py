@@ -68,6 +68,24 @@ def test_a_sticky_root_folder_on_the_way_is_fine_but_not_to_import_from(tmp_path
     assert check_tree(str(tmp_path / "tmp")) == [f"{tmp_path}/tmp is writable by its group and others (mode 1777)"]
 
 
+@pytest.mark.parametrize("mode", [0o1777, 0o1775])
+def test_a_users_link_in_a_sticky_folder(tmp_path: Path, mode: int) -> None:
+    # The sticky bit keeps others from replacing an entry, not its owner: alice may
+    # point her link in /tmp elsewhere whenever she likes. The kernel's
+    # protected_symlinks covers only world-writable sticky folders, and only where it
+    # is on; a group's sticky folder (1775) never.
+    tree(tmp_path, "trusted/real")
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp").chmod(mode)
+    (tmp_path / "tmp/nri-gpu").symlink_to(tmp_path / "trusted/real")
+    os.lchown(tmp_path / "tmp/nri-gpu", USER, USER)
+    assert check_file(str(tmp_path / "tmp/nri-gpu")) == [
+        f"{tmp_path}/tmp/nri-gpu is a link owned by uid 1000 in a sticky folder others may write"
+    ]
+    os.lchown(tmp_path / "tmp/nri-gpu", 0, 0)
+    assert check_file(str(tmp_path / "tmp/nri-gpu")) == []
+
+
 def test_the_file_itself(tmp_path: Path) -> None:
     tree(tmp_path, "bin/mine", "bin/open")
     os.chown(tmp_path / "bin/mine", USER, USER)
