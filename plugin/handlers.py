@@ -263,6 +263,11 @@ class GpuPlugin:
         Say so once, loudly, for each, so an operator can recreate it.
         """
         began = time.perf_counter()
+        # Registered again: a plan kept from the old connection may be one whose
+        # reply never reached the runtime, which then created the container without
+        # it. Such a container is planned again at its start (``_replan``), and
+        # fails closed unless it carries our annotation.
+        self._pending.clear()
         by_id = {pod.id: pod for pod in pods}
         equipped: list[tuple[api.PodSandbox, api.Container]] = []
         for container in containers:

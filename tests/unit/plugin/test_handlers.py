@@ -356,3 +356,29 @@ def test_synchronize_answers_in_time_when_a_containers_view_check_hangs(
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any('container "c1" in pod "ml/train" runs half equipped' in m for m in warned), warned
     assert any("2 of 4 running GPU containers not checked for their start work: out of time" in m for m in warned)
+
+
+def test_a_plan_from_before_the_plugin_registered_again_is_not_trusted(node: SimNode) -> None:
+    """The runtime dropped the plugin after its CreateContainer was planned (the reply
+    came late, the connection broke): containerd then creates the container without
+    our adjustment. After the plugin registers again, its StartContainer must fail
+    closed, as for any container created while nri-gpu was away, not start it with
+    the plan kept from the old connection: no devices, no driver files. (Before: the
+    kept plan was used, the start work done, and the container ran without its GPUs.)"""
+    calls: list[StartWork] = []
+    plugin = gpu_plugin(node, _recording_starter(calls))
+    p, c = pod("train", "ml", annotations={"nvidia.com/gpus": "0"}), container("main")
+
+    async def create(rt: FakeRuntime, stub: Stub) -> None:
+        await rt.create_container(p, c)  # its adjustment never reaches the container
+
+    asyncio.run(connected(plugin, create))
+    c.pid = 99
+
+    async def start(rt: FakeRuntime, stub: Stub) -> None:
+        with pytest.raises(StatusError) as err:
+            await rt.state_change(Event.START_CONTAINER, p, c)
+        assert "was created while nri-gpu was not connected" in err.value.message
+
+    asyncio.run(connected(plugin, start, pods=[p], containers=[c]))
+    assert calls == [] and plugin._pending == {}
