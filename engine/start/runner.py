@@ -211,7 +211,12 @@ def _read_marker(root: int, path: str) -> bytes | None:
 
 def _spawn(pid: int, work: StartWork, ldconfig: str, deadline: float) -> tuple[int, int]:
     read_end, write_end = os.pipe()
-    child = os.fork()
+    try:
+        child = os.fork()
+    except OSError as exc:  # EAGAIN at the pids limit, ENOMEM: a refusal, and no descriptor left open
+        os.close(read_end)
+        os.close(write_end)
+        raise StartError(work.container, "fork", f"cannot start the worker: {exc}") from exc
     if child == 0:
         try:
             os.close(read_end)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sys
@@ -78,3 +79,20 @@ def test_the_worker_refuses_imports_once_detached() -> None:
 )
 def test_the_result_line_is_recognised_as_soon_as_it_is_whole(data: bytes, complete: bool) -> None:
     assert runner._has_result(bytearray(data)) is complete
+
+
+def test_a_fork_that_fails_is_a_refusal_and_leaks_no_descriptor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fork(2) fails under the pod's pids limit or without memory: the start is
+    refused naming the container, and the result pipe is closed. (Before: its two
+    descriptors were left open at every such start, and the error was an internal one.)"""
+
+    def no_fork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    before = sorted(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(os, "fork", no_fork)
+    with pytest.raises(StartError, match=r'^container "c" in pod "ns/p": fork: .*Resource temporarily unavailable'):
+        runner.run_start(1, WORK, timeout=1.0)
+    with pytest.raises(StartError, match="fork: "):
+        asyncio.run(runner.run_start_async(1, WORK, timeout=1.0))
+    assert sorted(os.listdir("/proc/self/fd")) == before
