@@ -25,7 +25,6 @@ from engine.model import Plan
 from engine.start import StartWork, run_start_async, runner
 from tests.integration.test_start import (  # noqa: F401  (fixtures)
     _cannot_run,
-    _zombie_children,
     gcc,
     gpu_container,
     node,
@@ -57,8 +56,9 @@ def freezer() -> Iterator[Path]:
         group.rmdir()
 
 
-def _workers() -> list[int]:
-    """Our live children: the forked start worker (its ldconfig is its own child)."""
+def _children(zombies: bool) -> list[int]:
+    """Our live (or zombie) children. In a whole test run they include other tests'
+    long-lived ones (session daemons), so the test compares with those it saw first."""
     me, found = str(os.getpid()), []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -66,7 +66,7 @@ def _workers() -> list[int]:
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if fields[1] == me and fields[0] != "Z":
+            if fields[1] == me and (fields[0] == "Z") == zombies:
                 found.append(int(entry.name))
     return found
 
@@ -82,6 +82,14 @@ def test_a_killed_worker_that_cannot_die_yet_does_not_stop_the_loop(
     monkeypatch.setattr(runner, "_REPORT_MARGIN", -10.0)  # the worker would wait on ldconfig for 10 s more
     c = gpu_container(runc, plan, "true")
     thawed = threading.Event()
+    others, other_zombies = set(_children(False)), set(_children(True))
+
+    def _workers() -> list[int]:
+        """The forked start worker (its ldconfig is its own child), if it is alive."""
+        return [pid for pid in _children(False) if pid not in others]
+
+    def _zombie_children() -> list[int]:
+        return [pid for pid in _children(True) if pid not in other_zombies]
 
     def thaw() -> None:
         (freezer / "freezer.state").write_text("THAWED")
