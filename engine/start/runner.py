@@ -305,6 +305,10 @@ def _reap_later(loop: asyncio.AbstractEventLoop, child: int) -> asyncio.Future[i
     except ProcessLookupError:  # reaped elsewhere in between
         reaped.set_result(None)
         return reaped
+    except OSError:  # no descriptor to be had (EMFILE): the next call reaps it (_reap_exited)
+        _exiting.add(child)
+        reaped.set_result(None)
+        return reaped
     _exiting.add(child)
 
     def exited() -> None:

@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import sys
+import time
 
 import pytest
 
@@ -96,3 +97,32 @@ def test_a_fork_that_fails_is_a_refusal_and_leaks_no_descriptor(monkeypatch: pyt
     with pytest.raises(StartError, match="fork: "):
         asyncio.run(runner.run_start_async(1, WORK, timeout=1.0))
     assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_worker_without_a_pidfd_is_still_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pidfd_open can fail (no descriptor left, EMFILE): the worker is then reaped
+    by the next start instead, and the start it served is not failed for it.
+    (Before: the OSError reached the handler after the work was done, and the
+    worker stayed a zombie for good, in no list that the next start reaps.)"""
+    child = os.fork()
+    if child == 0:
+        time.sleep(0.2)
+        os._exit(0)
+
+    def no_pidfd(pid: int, flags: int = 0) -> int:
+        raise OSError(24, "Too many open files")
+
+    async def main() -> int | None:
+        return await runner._reap_later(asyncio.get_running_loop(), child)
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    try:
+        assert asyncio.run(main()) is None
+        assert child in runner._exiting
+        time.sleep(0.4)
+        runner._reap_exited()
+        assert child not in runner._exiting
+        with pytest.raises(ChildProcessError):
+            os.waitpid(child, os.WNOHANG)  # already reaped
+    finally:
+        runner._exiting.discard(child)
