@@ -238,21 +238,27 @@ def _parse_new(data: bytes, base: int, deadline: float | None) -> LdCache:
     osversions = _column(block, "I", 3, _NEW_ENTRY_WORDS)
     hwcaps = _column(block, "Q", 2, _NEW_ENTRY_WORDS // 2)
     entries = _entries(data, base, entries_end, strings_end, flags, keys, values, hwcaps, osversions, deadline)
-    return LdCache(entries, _hwcaps_names(data, base, extension) if extension else ())
+    return LdCache(entries, _hwcaps_names(data, base, extension, deadline) if extension else ())
 
 
-def _hwcaps_names(data: bytes, base: int, offset: int) -> tuple[str, ...]:
+def _hwcaps_names(data: bytes, base: int, offset: int, deadline: float | None = None) -> tuple[str, ...]:
     """The ``glibc-hwcaps`` subdirectory names of the extension directory at file
     offset ``offset``; string offsets count from ``base``. Checked as glibc's
     ``cache_extension_load`` checks it; anything malformed gives no names, as the
-    loader then goes on without them (the entries are still read)."""
+    loader then goes on without them (the entries are still read).
+
+    The directory can hold one section per 16 bytes of the file, each of them
+    decoded: ``deadline`` is looked at as they are, like the entries'."""
     if offset % 4 or offset + _EXTENSION.size > len(data):
         return ()
     magic, count = _EXTENSION.unpack_from(data, offset)
     if magic != EXTENSION_MAGIC or offset + _EXTENSION.size + count * _SECTION.size > len(data):
         return ()
     names: tuple[str, ...] = ()
+    strings = data[base:]  # once: a copy per section made a compat file's extension quadratic
     for i in range(count):
+        if i % _CHUNK == 0:
+            check_deadline(deadline, "reading the extension")
         tag, _flags, start, size = _SECTION.unpack_from(data, offset + _EXTENSION.size + i * _SECTION.size)
         if start + size > len(data):
             return ()
@@ -260,7 +266,7 @@ def _hwcaps_names(data: bytes, base: int, offset: int) -> tuple[str, ...]:
             continue  # glibc ignores an unknown tag and drops a malformed hwcaps section
         table = _column(data[start : start + size], "I", 0, 1)
         try:
-            found = _strings_one_by_one(data[base:], 0, base, table, (), _DECODE_FACTOR * len(data) + 65536)
+            found = _strings_one_by_one(strings, 0, base, table, (), _DECODE_FACTOR * len(data) + 65536)
         except DiscoveryError:
             return ()
         names = tuple(found[o] for o in table)

@@ -578,3 +578,29 @@ def test_the_limits_are_far_above_a_real_cache() -> None:
     data = HOST_CACHE.read_bytes()
     assert len(data) * 8 < ldcache.MAX_CACHE_SIZE
     assert len(parse_ld_so_cache(data)) * 8 < ldcache.MAX_ENTRIES
+
+
+def _hwcaps_section_bomb(total: int) -> bytes:
+    """A compat cache of ``total`` bytes, no entries, whose extension directory is
+    nothing but ``glibc-hwcaps`` sections all naming one string: each section is
+    decoded again, with the new part copied for each."""
+    old = struct.pack("<11sxI", OLD_MAGIC, 0)  # 16 bytes: the new part starts right after
+    string_at, table_at = 48, 52  # from the new part's start
+    ext_at = len(old) + table_at + 4  # a file offset
+    count = (total - ext_at - 8) // 16
+    new = struct.pack("<17s3sIIB3xI12x", NEW_MAGIC, b"1.1", 0, 8, 2, ext_at)
+    new += b"x\0\0\0" + struct.pack("<I", string_at)
+    new += struct.pack("<II", ldcache.EXTENSION_MAGIC, count)
+    new += struct.pack("<IIII", ldcache.EXTENSION_TAG_HWCAPS, 0, len(old) + table_at, 4) * count
+    return old + new
+
+
+def test_an_extension_of_many_hwcaps_sections_stops_at_the_deadline() -> None:
+    # 2 MiB, under the size limit: it took 5.5 s, the deadline not looked at.
+    data = _hwcaps_section_bomb(2 << 20)
+    assert len(data) < ldcache.MAX_CACHE_SIZE
+    assert ldcache.read_ld_so_cache(_hwcaps_section_bomb(4096)).hwcaps == ("x",)
+    began = time.perf_counter()
+    with pytest.raises(ldcache.LdCacheLimit, match="did not finish before the deadline"):
+        ldcache.read_ld_so_cache(data, deadline=time.monotonic() + 0.05)
+    assert time.perf_counter() - began < 0.5
