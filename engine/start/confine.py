@@ -29,7 +29,8 @@ namespace of its own, with ``fork_raw`` (see ``ldconfig._fork``), it:
   view: that fails quietly.)
 * exec's the binary by fd with an empty environment, cwd ``/``, stdin
   ``/dev/null``, stdout and stderr into the worker's pipe, and no other fd;
-* dies with the worker (``PR_SET_PDEATHSIG``).
+* dies with the worker (``PR_SET_PDEATHSIG``, and a look at the worker's
+  pidfd after the last change of uid).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from __future__ import annotations
 import fcntl
 import os
 import resource
+import select
 import signal
 from dataclasses import dataclass
 
@@ -74,24 +76,26 @@ class Trusted:
     chroot: int | None = None  # a hook's container root (not yet pivoted to): ldconfig's root
 
 
-def exec_confined(trusted: Trusted, output: int, cache_mount: int) -> None:
+def exec_confined(trusted: Trusted, output: int, cache_mount: int, parent: int) -> None:
     """In the forked ldconfig process: confine, then exec. Never returns.
 
     ``output``: the pipe for stdout and stderr; ``cache_mount``: the detached
-    tmpfs the cache is written into (the worker reads it from there)."""
+    tmpfs the cache is written into (the worker reads it from there);
+    ``parent``: a pidfd of the worker."""
     try:
         # Above the stdio numbers first: a plugin started with closed stdio may
         # hold any of these as fd 0, 1 or 2, which the dup2 calls would clobber.
-        binary, devnull, output = (
-            fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (trusted.binary, trusted.devnull, output)
+        binary, devnull, output, parent = (
+            fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (trusted.binary, trusted.devnull, output, parent)
         )
         os.dup2(devnull, 0)
         os.dup2(output, 1)
         os.dup2(output, 2)
         # The worker killed on timeout takes this process along. The kernel clears
-        # the setting when the uid changes, so it is set again after that, and
-        # a parent that died in between is noticed by the parent pid changing.
-        parent = os.getppid()
+        # the setting when the uid changes, so it is set again after that, and a
+        # worker that died in between (or before the first) is noticed through
+        # its pidfd: as pid 1 of its own pid namespace this process has no
+        # parent pid to look at (getppid() is 0).
         syscalls.parent_death_signal(signal.SIGKILL)
         if trusted.chroot is not None:
             # A hook, before pivot_root: "/" is still the host's. Changed into
@@ -121,7 +125,7 @@ def exec_confined(trusted: Trusted, output: int, cache_mount: int) -> None:
         _become_nobody()
         syscalls.set_dumpable(False)
         syscalls.parent_death_signal(signal.SIGKILL)
-        if os.getppid() != parent:
+        if _has_exited(parent):
             os._exit(126)
         os.chdir("/")
         _close_fds_except(binary)
@@ -132,6 +136,13 @@ def exec_confined(trusted: Trusted, output: int, cache_mount: int) -> None:
             os.write(2, f"nri-gpu: before running ldconfig: {exc}\n".encode())
         finally:
             os._exit(127)
+
+
+def _has_exited(pidfd: int) -> bool:
+    # A pidfd is readable once its process has exited.
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _attach(root: RootDir, point: str, mount: int) -> None:

@@ -274,14 +274,18 @@ def _fork(trusted: Trusted, output: int, cache: int) -> int:
     process that has set another pid namespace for its children, and retry
     forever. The worker is single-threaded and holds the GIL: safe.
     """
-    syscalls.unshare(syscalls.CLONE_NEWPID)  # for the child made next
+    worker = os.pidfd_open(os.getpid())  # how the child tells that this process died
     try:
-        pid = syscalls.fork_raw()
-        if pid == 0:
-            confine.exec_confined(trusted, output, cache)  # never returns
+        syscalls.unshare(syscalls.CLONE_NEWPID)  # for the child made next
+        try:
+            pid = syscalls.fork_raw()
+            if pid == 0:
+                confine.exec_confined(trusted, output, cache, worker)  # never returns
+        finally:
+            if trusted.own_pid_namespace is not None:
+                syscalls.setns(trusted.own_pid_namespace, syscalls.CLONE_NEWPID)  # new threads allowed again
     finally:
-        if trusted.own_pid_namespace is not None:
-            syscalls.setns(trusted.own_pid_namespace, syscalls.CLONE_NEWPID)  # new threads allowed again
+        os.close(worker)
     return pid
 
 

@@ -20,6 +20,7 @@ import ctypes
 import dataclasses
 import hashlib
 import os
+import select
 import shutil
 import signal
 import stat
@@ -653,6 +654,50 @@ def test_a_worker_past_the_timeout_is_killed(
         run_start(c.pid, rebuild, ldconfig=str(sleeper), timeout=0.5)
     assert time.monotonic() - began < 1.0
     assert _gone(sleeper)  # PR_SET_PDEATHSIG took ldconfig along
+
+
+def test_ldconfig_whose_worker_dies_as_it_changes_uid_does_not_run_orphaned(
+    runc: RuncHost, plan: Plan, rebuild: StartWork, sleeper: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel clears the parent-death signal when the uid changes, and ldconfig
+    sets it again after: a worker killed in between (at its timeout) must not leave
+    ldconfig running on its own, as pid 1 of its namespace, where an image's FIFO
+    among its conf files would keep it for good."""
+    c = gpu_container(runc, plan, "true")
+    told, tell = os.pipe()
+    workers: list[int] = []
+    real_spawn, real_set_ids = runner._spawn, syscalls.set_ids
+
+    def spawn(*args: object) -> tuple[int, int]:
+        child, fd = real_spawn(*args)  # type: ignore[arg-type]
+        workers.append(child)
+        return child, fd
+
+    def set_ids(uid: int, gid: int) -> None:  # in the ldconfig process
+        real_set_ids(uid, gid)
+        os.write(tell, b"x")
+        time.sleep(0.5)  # the worker is killed meanwhile
+
+    def kill_the_worker() -> None:
+        if select.select([told], [], [], 5)[0]:
+            os.read(told, 1)
+            os.kill(workers[0], signal.SIGKILL)
+
+    monkeypatch.setattr(runner, "_spawn", spawn)
+    monkeypatch.setattr(syscalls, "set_ids", set_ids)
+    killer = threading.Thread(target=kill_the_worker)
+    killer.start()
+    try:
+        with pytest.raises(StartError, match="killed by SIGKILL"):
+            run_start(c.pid, rebuild, ldconfig=str(sleeper), timeout=3.0)
+        killer.join()
+        assert _gone(sleeper, timeout=1.0), "ldconfig runs on without its worker"
+    finally:
+        killer.join()
+        for pid in _running(sleeper):
+            os.kill(pid, signal.SIGKILL)
+        os.close(told)
+        os.close(tell)
 
 
 def test_cancelling_the_async_call_kills_the_worker(
