@@ -289,10 +289,17 @@ def _trusted_here(root: RootDir, rootfs: str, path: str) -> ldconfig.Trusted:
     """``Trusted`` for a hook: already in the container's namespaces, so none to
     join; the root is ``chroot``ed into; the procfs mounts to cover are those
     under ``rootfs`` in this mount namespace."""
-    binary = ldconfig.open_trusted(path)
     prefix = os.path.realpath(rootfs).rstrip("/")
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-        points = mountinfo.proc_mount_points(f.read())
+    # The host's mounts as well as the container's, before pivot_root: bounded
+    # like a container's; cut short, a procfs mount could be left uncovered.
+    with open(
+        os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC), encoding="utf-8", errors="replace"
+    ) as f:
+        text = f.read(_MOUNTINFO_LIMIT + 1)
+    if len(text) > _MOUNTINFO_LIMIT:
+        raise WorkError(f"/proc/self/mountinfo: over {_MOUNTINFO_LIMIT} bytes (the host's mounts and the container's)")
+    points = mountinfo.proc_mount_points(text)
+    binary = ldconfig.open_trusted(path)
     inside = tuple(point[len(prefix) :] for point in points if point.startswith(prefix + "/"))
     devnull = os.open("/dev/null", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
     try:
