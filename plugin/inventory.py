@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from engine.discover import InventoryCache
 from engine.model import Inventory
+from plugin.budget import DEFAULT_REQUEST
 from plugin.offloop import in_thread
 
 __all__ = ["LiveInventory"]
@@ -35,7 +36,10 @@ class LiveInventory:
     """``InventoryCache`` for callers on an event loop; one refresh at a time.
 
     ``interval``: seconds between checks (default: the cache's); ``recheck``: the
-    least time between two refreshes that a request for a missing GPU starts.
+    least time between two refreshes that a request for a missing GPU starts;
+    ``hang_after``: a refresh running longer than this (a request's whole budget) is
+    no longer waited for, so that a pod asking for a missing GPU again and again
+    cannot make each of its calls wait, while the runtime holds its node-wide lock.
     """
 
     def __init__(
@@ -44,11 +48,13 @@ class LiveInventory:
         *,
         interval: float | None = None,
         recheck: float = 1.0,
+        hang_after: float = DEFAULT_REQUEST,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._cache = cache
         self._interval = cache.interval if interval is None else interval
         self._recheck = recheck
+        self._hang_after = hang_after
         self._clock = clock
         self._began = clock()  # of the last refresh (the cache took one when it was made)
         self._running: asyncio.Future[Inventory] | None = None
@@ -72,6 +78,8 @@ class LiveInventory:
             if self._clock() - self._began < self._recheck:
                 return self._cache.current
             running = self._start()
+        elif self._clock() - self._began > self._hang_after:
+            return None  # it hangs or crawls: the next check after it ends takes over
         try:
             return await asyncio.wait_for(asyncio.shield(running), timeout)
         except TimeoutError:

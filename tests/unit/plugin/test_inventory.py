@@ -43,3 +43,32 @@ def test_a_refresh_whose_thread_cannot_start_is_tried_again(tmp_path: Path, monk
         assert not live.refreshing
 
     asyncio.run(main())
+
+
+def test_a_refresh_that_outlived_a_whole_request_is_not_waited_for_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refresh stuck in the kernel (a sick driver's procfs) or in a slow CUDA probe:
+    the first request for a GPU the node lacks waits its budget for it, but the next
+    ones must not each wait again: the runtime holds its node-wide lock for the whole
+    call, so every such retry would stall every container creation of the node."""
+    node = build_node(tmp_path, gpus=2)
+    config = EngineConfig(driver_root=str(node.driver_root), dev_root=str(node.dev_root), proc_root=str(node.proc_root))
+    cache = InventoryCache(config, interval=0, take=lambda c: discover(c, cuda_version=lambda p: ("12.4", None)))
+    release = threading.Event()
+    monkeypatch.setattr(cache, "refresh", lambda: release.wait(10))
+    now = [0.0]
+    live = LiveInventory(cache, interval=1000, recheck=0, hang_after=2.0, clock=lambda: now[0])
+
+    async def main() -> None:
+        now[0] = 1.0
+        assert await live.newer(0.2) is None  # waited its budget: the refresh may yet bring the GPU
+        assert live.refreshing
+        now[0] = 4.0  # the refresh has now run longer than a request's whole budget
+        began = asyncio.get_running_loop().time()
+        assert await live.newer(0.5) is None
+        waited = asyncio.get_running_loop().time() - began
+        release.set()
+        assert waited < 0.1, f"waited {waited:.2f} s again for a refresh that hangs"
+
+    asyncio.run(main())
