@@ -3,7 +3,8 @@
 Either way a record is one line: the text format escapes control characters
 (``\\n``, ``\\x1b``, U+2028, ...) in the message and indents every line of a
 traceback, so an env name or value quoted in a message cannot forge a line; the
-JSON format escapes them by its nature.
+JSON format escapes them too, including the line separators JSON would allow raw
+(U+2028, U+2029, U+0085), which some log shippers split on.
 
 Handlers attach the structured form of a decision as
 ``logger.info(..., extra={"nri_gpu": {...}})``; the text format ignores it (the
@@ -58,6 +59,9 @@ def _indented(text: str) -> str:
     return "\n".join("  " + printable(line) for line in text.split("\n"))
 
 
+# Characters JSON lets stand raw in a string that Unicode counts as line breaks.
+_JSON_RAW_SEPARATORS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per record, UTC timestamps with milliseconds."""
 
@@ -77,7 +81,7 @@ class JsonFormatter(logging.Formatter):
             entry["exception"] = self.formatException(record.exc_info)
         elif record.exc_text:
             entry["exception"] = record.exc_text
-        return json.dumps(entry, default=str, ensure_ascii=False)
+        return json.dumps(entry, default=str, ensure_ascii=False).translate(_JSON_RAW_SEPARATORS)
 
 
 def make_formatter(log_format: str) -> logging.Formatter:

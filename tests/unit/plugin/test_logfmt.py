@@ -165,3 +165,12 @@ def test_a_failed_start_counts_as_start_failed(node: SimNode) -> None:
     assert metrics.errors.value(kind="start_failed") == 1
     assert metrics.errors.value(kind="refused") == 0
     assert metrics.steps.count(step="start") == 1
+
+
+def test_json_line_has_no_raw_line_separator_of_any_kind() -> None:
+    """JSON allows U+2028, U+2029 and U+0085 raw in a string, and log shippers that
+    split on Unicode line boundaries would cut a record there: escaped like the rest."""
+    sneaky = "a\u2028b\u2029c\x85d\re"
+    line = JsonFormatter().format(record(nri_gpu={"pod": sneaky}))
+    assert not any(ch in line for ch in "\u2028\u2029\x85\r\n")
+    assert json.loads(line)["pod"] == sneaky
