@@ -115,9 +115,12 @@ def _sealed_copy(fd: int, size: int, path: str) -> int:
     only execute it)."""
     flags = os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING
     try:
-        memfd = os.memfd_create("nri-gpu-ldconfig", flags | _MFD_EXEC)
-    except OSError:  # a kernel before 6.3 knows no MFD_EXEC (and execs any memfd)
-        memfd = os.memfd_create("nri-gpu-ldconfig", flags)
+        try:
+            memfd = os.memfd_create("nri-gpu-ldconfig", flags | _MFD_EXEC)
+        except OSError:  # a kernel before 6.3 knows no MFD_EXEC (and execs any memfd)
+            memfd = os.memfd_create("nri-gpu-ldconfig", flags)
+    except OSError as exc:  # vm.memfd_noexec=2: no memfd may be executed
+        raise WorkError(f"{path}: copying it for the run: {exc.strerror or exc}") from exc
     try:
         done = 0
         while done < size:
