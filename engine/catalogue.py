@@ -82,6 +82,7 @@ IPC: tuple[tuple[str, EntryType, frozenset[Capability]], ...] = (
     ("/run/nvidia-fabricmanager/socket", EntryType.SOCKET, frozenset({C.UTILITY})),
     (MPS_PIPE_DIRECTORY, EntryType.DIRECTORY, frozenset({C.COMPUTE})),
 )
+IPC_TYPES: dict[str, EntryType] = {path: expected for path, expected, _ in IPC}
 
 FIRMWARE_FOLDERS = ("/lib/firmware/nvidia", "/usr/lib/firmware/nvidia")
 

@@ -180,6 +180,9 @@ class Plan:
     symlinks: tuple[Symlink, ...] = ()
     ldconfig_folders: tuple[str, ...] = ()
     ld_cache_entries: tuple[LdCacheEntry, ...] = ()  # what the container's ld.so.cache gains
+    # The IPC endpoints mounted (node paths, sorted): at start, each mount must
+    # still be the root-only entry at its host path (``StartWork.ipc``).
+    ipc: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())  # decisions worth a log line (capabilities capped, ...)
 
     @property

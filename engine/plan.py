@@ -61,8 +61,12 @@ _DEVICE_FOR_CAPABILITY = {
 }
 
 
-def plan(request: GpuRequest, inventory: Inventory, config: EngineConfig) -> Plan:
-    """The plan for ``request`` on this node.
+def plan(
+    request: GpuRequest, inventory: Inventory, config: EngineConfig, *, ipc: tuple[DriverFile, ...] | None = None
+) -> Plan:
+    """The plan for ``request`` on this node. ``ipc``: the daemons' IPC endpoints as
+    checked just now (``discover.current_ipc``), in place of the inventory's, which
+    may be long out of date (a daemon stopped or started since, a folder replaced).
 
     Raises RequestError / UnknownDeviceError (selection) and RequirementError
     (an unmet NVIDIA_REQUIRE_* condition) before building anything.
@@ -74,7 +78,10 @@ def plan(request: GpuRequest, inventory: Inventory, config: EngineConfig) -> Pla
         notes.extend(requirements.check(request.requirements, facts, gpus))
     caps = request.capabilities
     libraries = _libraries(inventory.libraries, caps)
-    files = tuple(f for f in inventory.files if not f.capabilities or f.capabilities & caps)
+    known = inventory.files
+    if ipc is not None:
+        known = tuple(f for f in known if f.kind is not FileKind.IPC) + ipc
+    files = tuple(f for f in known if not f.capabilities or f.capabilities & caps)
     return Plan(
         gpus=gpus,
         capabilities=caps,
@@ -88,6 +95,7 @@ def plan(request: GpuRequest, inventory: Inventory, config: EngineConfig) -> Pla
         symlinks=_symlinks(libraries),
         ldconfig_folders=tuple(sorted({lib.folder for lib in libraries})),
         ld_cache_entries=_ld_cache_entries(libraries),
+        ipc=tuple(sorted(f.path for f in files if f.kind is FileKind.IPC)),
         notes=tuple(notes),
     )
 
@@ -114,12 +122,17 @@ def _libraries(libraries: tuple[Library, ...], caps: frozenset[Capability]) -> t
     return tuple(lib for lib in libraries if lib.capabilities & wanted and (lib.is_64bit or compat32))
 
 
-def _mounts(libraries: tuple[Library, ...], files: tuple[DriverFile, ...], config: EngineConfig) -> tuple[Mount, ...]:
+def host_source(node_path: str, config: EngineConfig) -> str:
+    """The mount source of the node path ``node_path``, as the runtime sees it on the
+    host. Raises EngineConfigError (``EngineConfig.to_host_path``)."""
     driver_root = config.driver_root
+    ours = node_path if driver_root == "/" else posixpath.join(driver_root, node_path.lstrip("/"))
+    return config.to_host_path(ours)
 
+
+def _mounts(libraries: tuple[Library, ...], files: tuple[DriverFile, ...], config: EngineConfig) -> tuple[Mount, ...]:
     def host(node_path: str) -> str:
-        ours = node_path if driver_root == "/" else posixpath.join(driver_root, node_path.lstrip("/"))
-        return config.to_host_path(ours)
+        return host_source(node_path, config)
 
     mounts = {lib.path: Mount(host(lib.path), lib.path, RO_OPTIONS) for lib in libraries}
     for f in files:

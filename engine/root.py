@@ -143,11 +143,21 @@ class Root:
     def root_only_entry(self, node_path: str, expected: EntryType) -> bool:
         """Whether ``node_path`` is, without following any link, an ``expected`` entry
         that only root can change: False if it is absent; DiscoveryError, naming the
-        component and why, if it is there but not safe to hand to a container.
+        component and why, if it is there but not safe to hand to a container
+        (``root_only_stat`` says which inode it is).
+        """
+        return self.root_only_stat(node_path, expected) is not None
+
+    def root_only_stat(self, node_path: str, expected: EntryType) -> os.stat_result | None:
+        """The ``fstat`` of the entry ``root_only_entry`` accepts, None if it is absent;
+        DiscoveryError as there. The inode is the one the walk held, so a caller can
+        compare it with what a bind mount of the path gave a container.
 
         The runtime binds the path again, following links, at every container start,
         so a check of what it points to now is worth nothing unless no one but root
-        can change it later. Hence, from the root down: no component is a link (each
+        can change it later; and once root removes it (a daemon stops, a reboot),
+        anyone may create it again, so it is checked again at every CreateContainer
+        and compared with the container's mount at its start. Hence, from the root down: no component is a link (each
         is opened ``O_PATH|O_NOFOLLOW`` relative to the one before, and that very
         inode is checked: nothing can be swapped in between), every folder is
         root's and writable by no one else, unless it is sticky like ``/tmp`` (there
@@ -171,7 +181,7 @@ class Root:
                 try:
                     child = os.open(name, _O_WALK, dir_fd=fd)
                 except FileNotFoundError:
-                    return False
+                    return None
                 except OSError as exc:
                     raise DiscoveryError(f"{shown}: {exc.strerror}") from exc
                 os.close(fd)
@@ -195,7 +205,7 @@ class Root:
                 elif st.st_uid != 0:
                     raise DiscoveryError(f"{shown} is owned by uid {st.st_uid}, not root")
                 parent = st
-            return True
+            return parent
         finally:
             os.close(fd)
 

@@ -15,9 +15,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.discover import InventoryCache
+from engine.discover import InventoryCache, current_ipc
 from engine.errors import EngineError, StartError, UnknownDeviceError
-from engine.model import Inventory, Plan
+from engine.model import DriverFile, Inventory, Plan
 from engine.plan import plan as make_plan
 from engine.request import parse_request
 from engine.start.runner import find_init_pid, run_start_async, shows_driver_view
@@ -60,6 +60,8 @@ class GpuPlugin:
         # Plans made at CreateContainer, used at StartContainer; a miss is
         # planned again or refused (``_replan``).
         self._pending: dict[str, Plan] = {}
+        # The IPC endpoints handed out, and why others were not, as last logged.
+        self._ipc_state: tuple[tuple[str, ...], tuple[str, ...]] | None = None
 
     async def _plan(
         self, pod: api.PodSandbox, container: api.Container, steps: dict[str, float] | None = None, share: float = 1.0
@@ -103,7 +105,7 @@ class GpuPlugin:
                 return None
             if self._metrics is not None:
                 self._metrics.inventory_gpus.set(len(inventory.gpus))
-            result = make_plan(outcome.request, inventory, self._config)
+            result = make_plan(outcome.request, inventory, self._config, ipc=self._ipc_now())
             if steps is not None:
                 steps["request"] = (parsed - began) * 1000
                 steps["plan"] = (time.perf_counter() - parsed) * 1000
@@ -112,6 +114,18 @@ class GpuPlugin:
         for note in result.notes:
             logger.info("%s: %s", describe(pod, container), note)
         return result
+
+    def _ipc_now(self) -> tuple[DriverFile, ...]:
+        """The IPC endpoints as they are now (``current_ipc``, tens of microseconds);
+        a change since the last look is logged once, not at every container."""
+        files, warnings = current_ipc(self._config)
+        state = (tuple(f.path for f in files), warnings)
+        if state != self._ipc_state:
+            for warning in warnings:
+                logger.warning("%s; GPU containers created from now on do not get it", warning)
+            logger.info("IPC endpoints handed out: %s", ", ".join(state[0]) or "none")
+            self._ipc_state = state
+        return files
 
     async def create_container(self, pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjustment | None:
         if not may_request(pod, container, self._config.policy):
@@ -193,7 +207,14 @@ class GpuPlugin:
             pid = container.pid or find_init_pid(container.linux.cgroups_path, container=who)
             await self._starter(
                 pid,
-                start_work(plan, who, self._config.proc_root, self._config.ld_cache, container.linux.cgroups_path),
+                start_work(
+                    plan,
+                    who,
+                    self._config.proc_root,
+                    self._config.ld_cache,
+                    container.linux.cgroups_path,
+                    driver_root=self._config.driver_root,
+                ),
                 ldconfig=self._config.ldconfig,
                 # What the runtime still gives this request: the worker is killed in
                 # time for the refusal to reach it (budget.REPLY_MARGIN).

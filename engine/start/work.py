@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.catalogue import IPC_TYPES
 from engine.config import LD_CACHE_MODES
 from engine.model import LdCacheEntry, Plan, Symlink
 
@@ -47,6 +48,13 @@ class StartWork:
     # The runtime's linux.cgroupsPath of the container: its pid must be in that
     # cgroup ("" when not known: not checked).
     cgroups_path: str = ""
+    # The IPC endpoints the container got (catalogue paths, at the same path in the
+    # container as under ``ipc_root``, the driver root as the plugin sees it). A
+    # local user may have replaced one since it was checked (``ln -s / /tmp/nvidia-mps``
+    # once root's folder is gone), and runc follows links in bind sources: each
+    # mount must be the inode the host path holds now, and that one root's alone.
+    ipc: tuple[str, ...] = ()
+    ipc_root: str = "/"
 
     def __post_init__(self) -> None:
         if self.ld_cache not in LD_CACHE_MODES:
@@ -64,6 +72,10 @@ class StartWork:
                 raise ValueError(f"{path!r} is not a clean absolute path")
         if self.proc_source is not None and not is_clean_absolute(self.proc_source):
             raise ValueError(f"proc_source {self.proc_source!r} is not a clean absolute path")
+        if len(set(self.ipc)) != len(self.ipc) or any(path not in IPC_TYPES for path in self.ipc):
+            raise ValueError(f"ipc {self.ipc[:8]!r}: expected distinct endpoints of {sorted(IPC_TYPES)}")
+        if not is_clean_absolute(self.ipc_root):
+            raise ValueError(f"ipc_root {self.ipc_root!r} is not a clean absolute path")
         if "\0" in self.cgroups_path or "\n" in self.cgroups_path or len(self.cgroups_path) > 4096:
             raise ValueError(f"bad cgroups path {self.cgroups_path[:200]!r}")
 
@@ -77,11 +89,20 @@ def is_clean_absolute(path: str) -> bool:
 
 
 def start_work(
-    plan: Plan, container: str, proc_root: str, ld_cache: str = "merge", cgroups_path: str = ""
+    plan: Plan,
+    container: str,
+    proc_root: str,
+    ld_cache: str = "merge",
+    cgroups_path: str = "",
+    *,
+    driver_root: str = "/",
+    ipc: tuple[str, ...] | None = None,
 ) -> StartWork:
     """The start-time part of ``plan``; ``proc_root`` is the engine's procfs root,
     ``ld_cache`` the ``engine.ld_cache`` mode, ``cgroups_path`` the container's
-    ``linux.cgroupsPath`` as the runtime sent it.
+    ``linux.cgroupsPath`` as the runtime sent it, ``driver_root`` the engine's,
+    ``ipc`` the IPC endpoints to check when they are not the plan's (the CDI
+    hook's: those its spec mounted).
 
     >>> start_work(Plan(visible_bus_ids=("0000:07:00.0",)), 'container "c"', "/proc").proc_source is None
     True
@@ -98,6 +119,8 @@ def start_work(
         ld_cache_entries=plan.ld_cache_entries,
         ld_cache=ld_cache,
         cgroups_path=cgroups_path,
+        ipc=plan.ipc if ipc is None else ipc,
+        ipc_root=driver_root.rstrip("/") or "/",
     )
 
 

@@ -4,10 +4,13 @@ namespace work itself is replaced by a recorder (it is tested against runc)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 import shutil
+import socket
 import threading
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -382,3 +385,102 @@ def test_a_plan_from_before_the_plugin_registered_again_is_not_trusted(node: Sim
 
     asyncio.run(connected(plugin, start, pods=[p], containers=[c]))
     assert calls == [] and plugin._pending == {}
+
+
+# -- the daemons' IPC endpoints, checked again at every CreateContainer ---------------------
+#
+# Discovery runs again only when the driver changes; a daemon's socket or the MPS folder
+# comes and goes with its daemon. Once root's entry is gone any local account may put a
+# link to / (or a folder of its own) in its place, and runc follows links in bind sources.
+
+MPS, PERSISTENCED = "/tmp/nvidia-mps", "/run/nvidia-persistenced/socket"
+
+
+@pytest.fixture
+def ipc_node(tmp_path: Path) -> Iterator[SimNode]:
+    """A one-GPU node with a sticky /tmp, root's MPS folder and a listening persistenced socket."""
+    node = build_node(tmp_path / "node", gpus=1)
+    root = node.driver_root
+    (root / "tmp").mkdir(mode=0o755)
+    os.chmod(root / "tmp", 0o1777)
+    (root / "tmp/nvidia-mps").mkdir(mode=0o755)
+    (root / "run/nvidia-persistenced").mkdir(mode=0o755, parents=True)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as daemon:
+        daemon.bind(str(root / PERSISTENCED.lstrip("/")))
+        daemon.listen(1)
+        yield node
+
+
+def _mps_plugin(node: SimNode, calls: list[StartWork]) -> GpuPlugin:
+    config = dataclasses.replace(
+        EngineConfig(driver_root=str(node.driver_root), dev_root=str(node.dev_root), proc_root=str(node.proc_root)),
+        mps=True,
+    )
+    inventory = InventoryCache(config, take=lambda c: discover(c, cuda_version=lambda p: ("12.4", None)))
+    return GpuPlugin(config, inventory, starter=_recording_starter(calls))
+
+
+def _create_and_start(plugin: GpuPlugin, change: Callable[[], None]) -> list[str]:
+    """``change`` the node after discovery, then create and start a GPU container:
+    the destinations of the IPC mounts CreateContainer gave it."""
+    change()
+    mounted: list[str] = []
+
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
+        p, c = pod("train", "ml", annotations={"nvidia.com/gpus": "0"}), container("main")
+        reply = await rt.create_container(p, c)
+        mounted.extend(m.destination for m in reply.adjust.mounts if m.destination in (MPS, PERSISTENCED))
+        c.pid = 4242
+        await rt.state_change(Event.START_CONTAINER, p, c)
+
+    asyncio.run(connected(plugin, body))
+    return mounted
+
+
+def _link_to_root(root: Path) -> None:
+    os.rmdir(root / "tmp/nvidia-mps")  # the MPS daemon quit, or a tmp cleaner took it
+    os.symlink("/", root / "tmp/nvidia-mps")  # ln -s / /tmp/nvidia-mps by any local account
+
+
+def _folder_of_uid_1000(root: Path) -> None:
+    os.rmdir(root / "tmp/nvidia-mps")
+    (root / "tmp/nvidia-mps").mkdir()
+    os.chown(root / "tmp/nvidia-mps", 1000, 1000)
+
+
+@pytest.mark.parametrize("replace", [_link_to_root, _folder_of_uid_1000], ids=["link-to-root", "folder-of-uid-1000"])
+def test_an_ipc_endpoint_replaced_after_discovery_is_left_out_at_create_container(
+    ipc_node: SimNode, replace: Callable[[Path], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    """(Before: the container got /tmp/nvidia-mps as discovery had seen it, and runc
+    bound whatever was there at its start: the host's / through the link.)"""
+    calls: list[StartWork] = []
+    plugin = _mps_plugin(ipc_node, calls)
+    assert MPS in {f.path for f in plugin._inventory.current().files}
+    mounted = _create_and_start(plugin, lambda: replace(ipc_node.driver_root))
+    assert mounted == [PERSISTENCED]
+    assert [w.ipc for w in calls] == [(PERSISTENCED,)]
+    assert any(f"IPC endpoint {MPS} skipped" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+
+
+def test_a_socket_removed_after_discovery_is_left_out_and_the_container_starts(ipc_node: SimNode) -> None:
+    """A stopped persistenced takes its socket along. (Before: the plan still named it,
+    and runc failed every GPU container on the missing bind source.)"""
+    calls: list[StartWork] = []
+    plugin = _mps_plugin(ipc_node, calls)
+    mounted = _create_and_start(plugin, lambda: os.unlink(ipc_node.driver_root / PERSISTENCED.lstrip("/")))
+    assert mounted == [MPS]
+    assert [w.ipc for w in calls] == [(MPS,)]
+
+
+def test_a_daemon_started_after_discovery_is_handed_out_and_checked_at_start(ipc_node: SimNode) -> None:
+    """(Before: a daemon started after the plugin was never handed out.)"""
+    socket_path = ipc_node.driver_root / PERSISTENCED.lstrip("/")
+    os.unlink(socket_path)
+    calls: list[StartWork] = []
+    plugin = _mps_plugin(ipc_node, calls)
+    assert PERSISTENCED not in {f.path for f in plugin._inventory.current().files}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as daemon:
+        mounted = _create_and_start(plugin, lambda: daemon.bind(str(socket_path)))
+    assert sorted(mounted) == [PERSISTENCED, MPS]
+    assert [(w.ipc, w.ipc_root) for w in calls] == [((PERSISTENCED, MPS), str(ipc_node.driver_root))]
