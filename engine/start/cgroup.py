@@ -62,8 +62,11 @@ def is_in(proc_cgroup: str, cgroups_path: str) -> bool:
     path for a reader at the root, its tail for one whose namespace root is above
     the cgroup, and ``/../../tail`` for one beside it (a plugin in a pod of its
     own, with a private cgroup namespace). So a path matches when what is left
-    after its leading ``..`` components is a tail of the expected path with at
-    least the container's own last component.
+    after its leading ``..`` components starts with a tail of the expected path
+    of at least the container's own last component: the container's cgroup, or
+    one below it (crun's systemd driver puts the processes in ``container``
+    below the scope; only the runtime or the container itself can make a
+    cgroup there and move a process into it).
 
     >>> is_in("0::/kubepods/pod1/abc\\n", "/kubepods/pod1/abc")
     True
@@ -72,6 +75,8 @@ def is_in(proc_cgroup: str, cgroups_path: str) -> bool:
     >>> is_in("12:pids:/kubepods/pod1/other\\n0::/\\n", "/kubepods/pod1/abc")
     False
     >>> is_in("0::/system.slice/cri-containerd-abc.scope\\n", "system.slice:cri-containerd:abc")
+    True
+    >>> is_in("0::/system.slice/crio-abc.scope/container\\n", "system.slice:crio:abc")
     True
 
     Raises ``ValueError`` naming a line not in the kernel's format, or a
@@ -85,6 +90,9 @@ def is_in(proc_cgroup: str, cgroups_path: str) -> bool:
         parts = [p for p in fields[2].split("/") if p]
         while parts and parts[0] == "..":
             del parts[0]
-        if parts and ".." not in parts and parts == want[len(want) - len(parts) :]:
-            return True
+        if ".." in parts:
+            continue
+        for end, part in enumerate(parts[: len(want)], 1):  # the container's leaf, then below it
+            if part == want[-1] and parts[:end] == want[len(want) - end :]:
+                return True
     return False

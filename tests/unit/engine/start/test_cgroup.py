@@ -43,11 +43,18 @@ def test_bad_paths_are_named(bad: str) -> None:
         ("0::/\n", "/k8s/pod1/abc", False),  # the host's root cgroup
         ("0::/pod1/abc\n", "/k8s/pod1/abc", True),  # the reader's cgroup namespace is /k8s
         ("0::/../../pod1/abc\n", "/k8s/pod1/abc", True),  # ... or beside it (a plugin pod, cgroupns private)
-        ("0::/../../abc/x\n", "/k8s/pod1/abc", False),
+        ("0::/../../pod2/abc\n", "/k8s/pod1/abc", False),
+        ("0::/../../pod1/abc/x\n", "/k8s/pod1/abc", True),  # below it: only the container or its runtime put it there
+        ("0::/k8s/pod1/x/abc/y\n", "/k8s/pod1/abc", False),
         ("0::/../../..\n", "/k8s/pod1/abc", False),
         (
             "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-abc.scope\n",
             "kubepods-besteffort-pod1.slice:cri-containerd:abc",
+            True,
+        ),
+        (  # crun's systemd driver: the processes go into a "container" cgroup below the scope
+            "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/crio-abc.scope/container\n",
+            "kubepods-besteffort-pod1.slice:crio:abc",
             True,
         ),
         (
@@ -65,8 +72,11 @@ def test_bad_paths_are_named(bad: str) -> None:
         "cgroupns-below",
         "cgroupns-beside",
         "cgroupns-wrong-tail",
+        "cgroupns-beside-below",
+        "wrong-parent-below",
         "only-dots",
         "systemd",
+        "systemd-crun",
         "v1",
         "v1-other",
     ],
