@@ -30,10 +30,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from engine.catalogue import IPC_TYPES
 from engine.cdi import HOOK_TIME_LIMIT
 from engine.config import EngineConfig
 from engine.errors import EngineError, StartError
 from engine.model import Capability, Inventory
+from engine.plan import host_source
 from engine.plan import plan as make_plan
 from engine.request import ByIndex, GpuRequest, Selection
 from engine.start import actions
@@ -45,6 +47,7 @@ __all__ = [
     "HookError",
     "HookState",
     "gpu_request",
+    "ipc_mounts",
     "parse_state",
     "rootfs",
     "run_hook",
@@ -111,6 +114,25 @@ def gpu_request(config: Mapping[str, Any], inventory: Inventory, capabilities: f
     return GpuRequest(Selection.LIST if ids else Selection.NONE, ids, capabilities, (), "CDI devices")
 
 
+def ipc_mounts(config: Mapping[str, Any], engine: EngineConfig) -> tuple[str, ...]:
+    """The daemons' IPC endpoints the bundle binds: a mount at a catalogue endpoint
+    from that endpoint's host path (what the CDI spec names), sorted.
+
+    The spec was written once, so these are what it named then, whatever the
+    hook's own discovery finds now: each one is what the start work must check.
+    """
+    mounts = config.get("mounts")
+    found: set[str] = set()
+    for mount in mounts if isinstance(mounts, list) else ():
+        if not isinstance(mount, dict):
+            continue
+        destination = mount.get("destination")
+        if isinstance(destination, str) and destination in IPC_TYPES:
+            if mount.get("source") == host_source(destination, engine):
+                found.add(destination)
+    return tuple(sorted(found))
+
+
 def run_hook(
     state_data: bytes,
     config: EngineConfig,
@@ -131,7 +153,14 @@ def run_hook(
     node = inventory()
     plan = make_plan(gpu_request(bundle_config, node, capabilities), node, config)
     who = f"container {state.container_id}"
-    work = start_work(plan, who, config.proc_root, config.ld_cache)
+    work = start_work(
+        plan,
+        who,
+        config.proc_root,
+        config.ld_cache,
+        driver_root=config.driver_root,
+        ipc=ipc_mounts(bundle_config, config),
+    )
     try:
         return actions.perform_in_bundle(root, work, ldconfig_path=config.ldconfig, deadline=deadline)
     except actions.StepFailed as exc:

@@ -9,7 +9,9 @@ read, GPU directories cloned). It checks first that the pid is the
 container's: in the cgroup the runtime named, and neither sharing the mount
 namespace nor the root of the plugin or of pid 1 (in a DaemonSet the plugin's
 own are its container's; pid 1's, with the host's pid namespace, are the
-node's). Then it
+node's). With the daemons' IPC endpoints the container got, it walks each
+host path again as discovery does and records the inode (``ipc``); the first
+thing inside compares the container's mount with it. Then it
 ``setns``es into the container's mount namespace: ``/`` is now the
 container's root, opened as the ``RootDir`` every path is resolved against.
 The steps:
@@ -40,7 +42,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from engine.start import cgroup, ldconfig, links, mountinfo, procview, syscalls
+from engine.start import cgroup, ipc, ldconfig, links, mountinfo, procview, syscalls
 from engine.start.rootdir import RootDir
 from engine.start.work import StartReport, StartWork, WorkError
 
@@ -96,6 +98,7 @@ class _Host:
 
     trusted: ldconfig.Trusted | None = None
     proc_source: procview.Source | None = None
+    ipc_seen: ipc.Seen = ()  # the IPC endpoints' host inodes, compared with the mounts inside
 
 
 def perform(
@@ -151,6 +154,9 @@ def perform_in_bundle(
         for seen, whose in _identities("root"):
             _refuse_host_root(root, seen, f"container root {rootfs} is {whose} root")
         host = _Host()
+        if work.ipc:
+            with step("IPC endpoints"):
+                host.ipc_seen = ipc.on_host(work)  # the hook sees the host's paths as they are
         if work.ldconfig_folders and work.ld_cache == "rebuild":
             with step("ldconfig"):
                 host.trusted = _trusted_here(root, rootfs, ldconfig_path)
@@ -168,6 +174,9 @@ def _refuse_host_root(root: RootDir, host_root: os.stat_result, message: str) ->
 
 def _steps(live: RootDir, host: _Host, work: StartWork, step: _Steps, deadline: float, started: float) -> StartReport:
     """The steps proper, in the container's root ``live`` (see the module doc)."""
+    if host.ipc_seen:
+        with step("IPC endpoints"):
+            ipc.check(live, host.ipc_seen)
     with step("root copy"):
         copy = live.detached_copy()
     with step("procfs isolation"):
@@ -211,6 +220,9 @@ def _open_host(pid: int, work: StartWork, step: _Steps, ldconfig_path: str) -> t
             _check_cgroup(proc, pid, work.cgroups_path)
         roots = _identities("root")
         host = _Host()
+        if work.ipc:
+            with step("IPC endpoints"):
+                host.ipc_seen = ipc.on_host(work)
         if work.ldconfig_folders and work.ld_cache == "rebuild":
             with step("ldconfig"):
                 host.trusted = _trusted(proc, ldconfig_path)

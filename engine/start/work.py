@@ -130,7 +130,8 @@ class StartReport:
 
     ``timings_ms``: milliseconds per step as measured in the worker (fork and
     reap excluded): ``enter`` (includes the host-side part of the next steps,
-    also counted under their own names), ``root copy`` (the detached clone the
+    also counted under their own names), ``IPC endpoints`` (with any: the host
+    paths walked again, the mounts compared), ``root copy`` (the detached clone the
     files are read and written through), ``procfs isolation``, ``symlinks``, ``ld.so.conf``, then ``ld.so.cache`` (the merge: read,
     insert, write) or, rebuilding, ``ldconfig`` (the check, and the run if any)
     and ``ldconfig process`` (the ldconfig process alone, fork to reap, when it

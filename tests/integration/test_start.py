@@ -19,10 +19,12 @@ import asyncio
 import ctypes
 import dataclasses
 import hashlib
+import json
 import os
 import select
 import shutil
 import signal
+import socket
 import stat
 import struct
 import subprocess
@@ -1119,3 +1121,152 @@ def test_a_fifo_among_the_images_conf_files_costs_the_rebuild_its_deadline_only(
     with pytest.raises(StartError, match=r"ldconfig: .* did not finish before the deadline and was killed"):
         run_start(c.pid, rebuild, timeout=0.6)
     assert time.monotonic() - began < 0.8
+
+
+# --------------------------------------------------------------------------- the host's IPC endpoints
+#
+# CreateContainer planned an endpoint that was root's alone then; runc binds the host path
+# later, following links. Whatever happened in between (root's folder gone and a local
+# user's `ln -s / /tmp/nvidia-mps` there at runc's bind, then put back), the start work
+# must find in the container exactly the inode the host path holds now, still root's alone.
+
+MPS, PERSISTENCED = "/tmp/nvidia-mps", "/run/nvidia-persistenced/socket"
+
+
+@pytest.fixture
+def ipc_host(tmp_path: Path) -> Iterator[Path]:
+    """A host tree (the endpoints' root) with a sticky /tmp, root's MPS folder, a
+    listening persistenced socket, and a root-owned decoy folder a link may lead to."""
+    root = tmp_path / "ipc"
+    (root / "tmp").mkdir(parents=True)
+    os.chmod(root / "tmp", 0o1777)
+    (root / "tmp/nvidia-mps").mkdir(mode=0o755)
+    (root / "run/nvidia-persistenced").mkdir(mode=0o755, parents=True)
+    (root / "decoy").mkdir(mode=0o755)
+    (root / "decoy/host-secret").write_text("the host's\n")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as daemon:
+        daemon.bind(str(root / PERSISTENCED.lstrip("/")))
+        daemon.listen(1)
+        yield root
+
+
+def ipc_container(runc: RuncHost, plan: Plan, root: Path, args: str = "true") -> Container:
+    binds = [(m.source, m.destination) for m in plan.mounts]
+    binds += [(str(root / path.lstrip("/")), path) for path in (MPS, PERSISTENCED)]
+    return runc.create("gpu", ["sh", "-c", args], binds=binds)
+
+
+def with_ipc(work: StartWork, root: Path) -> StartWork:
+    return dataclasses.replace(work, ipc=(PERSISTENCED, MPS), ipc_root=str(root))
+
+
+def test_ipc_mounts_of_the_checked_inodes_pass_and_still_serve(
+    runc: RuncHost, plan: Plan, work: StartWork, ipc_host: Path
+) -> None:
+    c = ipc_container(runc, plan, ipc_host, f"ls -A {MPS}; test -S {PERSISTENCED} && echo socket")
+    report = start(c.pid, with_ipc(work, ipc_host))
+    assert "IPC endpoints" in report.timings_ms
+    assert c.run().splitlines() == ["socket"]
+
+
+def _link_at_bind_then_root_folder_again(root: Path) -> Callable[[], None]:
+    """runc followed a user's link to another folder; root's folder is back by the start."""
+    os.rmdir(root / "tmp/nvidia-mps")
+    os.symlink(str(root / "decoy"), root / "tmp/nvidia-mps")
+
+    def after_create() -> None:
+        os.unlink(root / "tmp/nvidia-mps")
+        (root / "tmp/nvidia-mps").mkdir(mode=0o755)
+
+    return after_create
+
+
+def _link_still_there(root: Path) -> Callable[[], None]:
+    os.rmdir(root / "tmp/nvidia-mps")
+    os.symlink(str(root / "decoy"), root / "tmp/nvidia-mps")
+    return lambda: None
+
+
+def _gone_after_create(root: Path) -> Callable[[], None]:
+    return lambda: os.rmdir(root / "tmp/nvidia-mps")
+
+
+def _folder_swapped_after_create(root: Path) -> Callable[[], None]:
+    def after_create() -> None:
+        os.rename(root / "tmp/nvidia-mps", root / "decoy/old")
+        (root / "tmp/nvidia-mps").mkdir(mode=0o755)
+
+    return after_create
+
+
+SWAPS = {
+    "link-at-bind-then-root-folder-again": (_link_at_bind_then_root_folder_again, "the container's mount is not"),
+    "link-still-there": (_link_still_there, "is a symbolic link"),
+    "gone-after-create": (_gone_after_create, "is gone from the host"),
+    "folder-swapped-after-create": (_folder_swapped_after_create, "the container's mount is not"),
+}
+
+
+@pytest.mark.parametrize("case", list(SWAPS))
+def test_an_ipc_endpoint_swapped_after_create_fails_the_start(
+    runc: RuncHost, plan: Plan, work: StartWork, ipc_host: Path, case: str
+) -> None:
+    """(Before: the start went on, and the container ran with the decoy, standing for
+    the host's / that runc binds through `ln -s / /tmp/nvidia-mps`.)"""
+    swap, why = SWAPS[case]
+    after_create = swap(ipc_host)
+    c = ipc_container(runc, plan, ipc_host)
+    after_create()
+    with pytest.raises(StartError) as caught:
+        run_start(c.pid, with_ipc(work, ipc_host))
+    assert caught.value.step == "IPC endpoints"
+    assert f"IPC endpoint {MPS}" in str(caught.value) and why in str(caught.value), str(caught.value)
+
+
+def _in_bundle(rootfs: Path, work: StartWork, binds: list[tuple[str, str]]) -> tuple[list[str], str | None, str]:
+    """``perform_in_bundle`` as the CDI hook runs it (the container's mounts under
+    ``rootfs``, the host's paths still visible), in a child with a private mount
+    namespace: (steps begun, the failed step or None, its message)."""
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(r)
+        outcome: dict[str, object] = {"steps": [], "step": None, "error": ""}
+        try:
+            syscalls.unshare(syscalls.CLONE_NEWNS)
+            subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+            for source, destination in binds:
+                subprocess.run(["mount", "--bind", source, str(rootfs) + destination], check=True)
+            steps: list[str] = outcome["steps"]  # type: ignore[assignment]
+            actions.perform_in_bundle(
+                str(rootfs), work, ldconfig_path="/sbin/ldconfig", deadline=time.monotonic() + 5, on_step=steps.append
+            )
+        except actions.StepFailed as exc:
+            outcome.update(step=exc.step, error=str(exc))
+        except BaseException:
+            outcome.update(step="?", error=traceback.format_exc())
+        os.write(w, json.dumps(outcome).encode())
+        os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        data = f.read()
+    os.waitpid(child, 0)
+    result = json.loads(data)
+    return result["steps"], result["step"], result["error"]
+
+
+def test_the_cdi_hook_refuses_an_ipc_mount_that_is_not_the_hosts_entry(work: StartWork, ipc_host: Path) -> None:
+    rootfs = ipc_host.parent / "rootfs"
+    (rootfs / MPS.lstrip("/")).mkdir(parents=True)
+    (rootfs / "run/nvidia-persistenced").mkdir(parents=True)
+    (rootfs / PERSISTENCED.lstrip("/")).touch()
+    bare = dataclasses.replace(
+        with_ipc(work, ipc_host), visible_bus_ids=(), symlinks=(), ldconfig_folders=(), ld_cache_entries=()
+    )
+    real = [(str(ipc_host / p.lstrip("/")), p) for p in (MPS, PERSISTENCED)]
+    steps, failed, _ = _in_bundle(rootfs, bare, real)
+    assert "root copy" in steps and failed != "IPC endpoints"
+    swapped = [(str(ipc_host / "decoy"), MPS), real[1]]  # runc followed a link; root's folder is back
+    steps, failed, error = _in_bundle(rootfs, bare, swapped)
+    assert failed == "IPC endpoints" and "root copy" not in steps
+    assert f"IPC endpoint {MPS}: the container's mount is not" in error, error

@@ -19,7 +19,7 @@ from engine.cdi import HOOK_ENV, HOOK_TIMEOUT, cdi_spec, hook_command
 from engine.config import EngineConfig
 from engine.discover import discover
 from engine.errors import DiscoveryError
-from engine.hook import HookError, gpu_request, parse_state, rootfs
+from engine.hook import HookError, gpu_request, ipc_mounts, parse_state, rootfs
 from engine.model import DEFAULT_CAPABILITIES, Capability, Inventory
 from engine.plan import plan
 from engine.request import ByIndex, GpuRequest, Selection
@@ -165,3 +165,23 @@ def test_rootfs_is_relative_to_the_bundle() -> None:
     assert rootfs("/run/b", {"root": {"path": "/var/lib/x/rootfs"}}) == "/var/lib/x/rootfs"
     with pytest.raises(HookError, match=r"no root\.path"):
         rootfs("/run/b", {"root": {}})
+
+
+def test_the_hook_checks_the_ipc_endpoints_its_spec_bound() -> None:
+    """What the spec named when it was written, whatever the hook's discovery finds
+    now; a mount of another source at the same place is not ours to judge."""
+    config = EngineConfig(driver_root="/run/nvidia/driver")
+    bundle = {
+        "mounts": [
+            {"destination": "/tmp/nvidia-mps", "source": "/run/nvidia/driver/tmp/nvidia-mps", "type": "bind"},
+            {
+                "destination": "/run/nvidia-persistenced/socket",
+                "source": "/run/nvidia/driver/run/nvidia-persistenced/socket",
+            },
+            {"destination": "/run/nvidia-fabricmanager/socket", "source": "/home/u/socket"},
+            {"destination": "/usr/bin/nvidia-smi", "source": "/run/nvidia/driver/usr/bin/nvidia-smi"},
+            "junk",
+        ]
+    }
+    assert ipc_mounts(bundle, config) == ("/run/nvidia-persistenced/socket", "/tmp/nvidia-mps")
+    assert ipc_mounts({"mounts": None}, config) == ()

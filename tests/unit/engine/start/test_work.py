@@ -63,3 +63,25 @@ def test_a_bad_cgroups_path_is_refused_bounded(path: str) -> None:
 def test_start_work_carries_the_cgroups_path() -> None:
     work = start_work(Plan(), 'container "c"', "/proc", cgroups_path="kubepods.slice:cri-containerd:abc")
     assert work.cgroups_path == "kubepods.slice:cri-containerd:abc"
+
+
+def test_the_ipc_endpoints_of_the_plan_go_to_the_start_with_the_driver_root() -> None:
+    plan = Plan(ipc=("/run/nvidia-persistenced/socket", "/tmp/nvidia-mps"))
+    work = start_work(plan, "c", "/proc", driver_root="/run/nvidia/driver/")
+    assert (work.ipc, work.ipc_root) == (plan.ipc, "/run/nvidia/driver")
+    assert start_work(plan, "c", "/proc", ipc=()).ipc == ()  # the CDI hook's: those its spec mounted
+
+
+@pytest.mark.parametrize(
+    ("ipc", "root"),
+    [
+        (("/etc/shadow",), "/"),  # not an endpoint of the catalogue: nothing else is checked this way
+        (("/tmp/nvidia-mps", "/tmp/nvidia-mps"), "/"),
+        (("/tmp/nvidia-mps",), "/run/../x"),
+        (("/tmp/nvidia-mps",), "relative"),
+    ],
+    ids=["not-an-endpoint", "twice", "unclean-root", "relative-root"],
+)
+def test_ipc_endpoints_are_the_catalogues_and_their_root_clean(ipc: tuple[str, ...], root: str) -> None:
+    with pytest.raises(ValueError, match="ipc"):
+        StartWork("c", (), (), (), ipc=ipc, ipc_root=root)
