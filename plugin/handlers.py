@@ -123,7 +123,7 @@ class GpuPlugin:
         if state != self._ipc_state:
             for warning in warnings:
                 logger.warning("%s; GPU containers created from now on do not get it", warning)
-            logger.info("IPC endpoints handed out: %s", ", ".join(state[0]) or "none")
+            logger.info("host IPC mounts for GPU containers from now on: %s", ", ".join(state[0]) or "none")
             self._ipc_state = state
         return files
 

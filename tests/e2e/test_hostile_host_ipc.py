@@ -175,3 +175,51 @@ def test_the_real_endpoints_are_mounted_read_only(
     finally:
         for s in listeners:
             s.close()
+
+
+def test_an_mps_folder_replaced_by_a_link_to_root_after_discovery_is_left_out(
+    testbed: Testbed, cri: CriClient, ipc_node: SimNode, serve: list[NriGpuProcess], tmp_path: Path
+) -> None:
+    """Discovery found root's MPS folder; then the MPS daemon quit (its folder gone) and
+    a local account put ``ln -s / /tmp/nvidia-mps`` there. Discovery does not run again
+    (the driver did not change). Before: the plan still named the folder, and runc
+    bound the host's / through the link into every compute container."""
+    root = ipc_node.driver_root
+    token = secrets.token_hex(8)
+    (root / "host-bait").write_text(f"bait {token}: a file of the host's own /\n")
+    (root / "tmp/nvidia-mps").mkdir(mode=0o755)
+    plugin = start(serve, testbed, ipc_node, tmp_path)
+    assert "IPC endpoint" not in plugin.log(), plugin.log()
+    os.rmdir(root / "tmp/nvidia-mps")
+    os.symlink("/", root / "tmp/nvidia-mps")  # any local account, once root's folder is gone
+
+    cid = gpu_pod(cri, "ipc-replaced")
+    assert ipc_mounts(cri, cid) == {}
+    _, out = sh(cri, cid, f"ls {MPS}/ 2>&1; cat {MPS}/host-bait 2>&1; true")
+    assert token not in out and "host-bait" not in out.split(), out
+    log = plugin.log()
+    assert "started with GPUs" in log, log
+    assert f"IPC endpoint {MPS} skipped: {root}/tmp/nvidia-mps is a symbolic link" in log, log
+
+
+def test_a_socket_gone_after_discovery_fails_no_pod_and_a_new_one_is_handed_out(
+    testbed: Testbed, cri: CriClient, ipc_node: SimNode, serve: list[NriGpuProcess], tmp_path: Path
+) -> None:
+    """persistenced stopped after discovery (its socket gone) and the fabric manager
+    started. Before: runc failed every GPU pod on the missing bind source until the
+    plugin restarted, and the fabric manager's socket was never handed out."""
+    root = ipc_node.driver_root
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as persistenced:
+        persistenced.bind(str(root / PERSISTENCED.lstrip("/")))
+        persistenced.listen(1)
+        plugin = start(serve, testbed, ipc_node, tmp_path)
+        assert "IPC endpoint" not in plugin.log(), plugin.log()
+    os.unlink(root / PERSISTENCED.lstrip("/"))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as fabric:
+        fabric.bind(str(root / FABRIC.lstrip("/")))
+        fabric.listen(1)
+        cid = gpu_pod(cri, "ipc-gone")
+        assert set(ipc_mounts(cri, cid)) == {FABRIC}
+        code, out = sh(cri, cid, f"test -S {FABRIC}")
+        assert code == 0, out
+    assert "started with GPUs" in plugin.log(), plugin.log()
