@@ -419,7 +419,7 @@ class _NoImports(importlib.abc.MetaPathFinder):
 
 def _worker(out: int, pid: int, work: StartWork, ldconfig: str, deadline: float) -> NoReturn:
     try:
-        _detach_from_caller()
+        _detach_from_caller(out)
 
         def progress(step: str) -> None:
             _emit(out, {"step": step})
@@ -439,7 +439,14 @@ def _worker(out: int, pid: int, work: StartWork, ldconfig: str, deadline: float)
         os._exit(0)
 
 
-def _detach_from_caller() -> None:
+def _detach_from_caller(out: int) -> None:
+    # Nothing of the plugin's but stdio and the result pipe: a worker killed while
+    # stuck in the kernel can outlive the plugin, and must not keep its status port
+    # bound, its NRI connection open (the runtime would see no EOF) or a pipe. The
+    # worker opens all it needs itself; no object owning a closed fd is ever
+    # finalised here (no collection, and the worker leaves by os._exit).
+    os.closerange(3, out)
+    os.closerange(out + 1, _FD_CEILING)
     gc.disable()  # a collection would write to every object, copying the shared pages
     try:
         signal.set_wakeup_fd(-1)  # the caller's event loop's fd: not ours to write to
@@ -447,6 +454,9 @@ def _detach_from_caller() -> None:
         pass  # forked from a thread that is not the main one: there is no wake-up fd to clear
     signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     sys.meta_path.insert(0, _NoImports())
+
+
+_FD_CEILING = 1 << 20  # above any RLIMIT_NOFILE; closerange is one close_range(2) call
 
 
 def _emit(out: int, message: dict[str, Any]) -> None:

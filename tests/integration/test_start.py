@@ -20,8 +20,8 @@ import ctypes
 import dataclasses
 import hashlib
 import json
+import mmap
 import os
-import select
 import shutil
 import signal
 import socket
@@ -666,7 +666,9 @@ def test_ldconfig_whose_worker_dies_as_it_changes_uid_does_not_run_orphaned(
     ldconfig running on its own, as pid 1 of its namespace, where an image's FIFO
     among its conf files would keep it for good."""
     c = gpu_container(runc, plan, "true")
-    told, tell = os.pipe()
+    # Shared memory, not a pipe: the worker holds none of its caller's descriptors,
+    # and ldconfig sees no file of ours; a shared mapping survives both forks.
+    told = mmap.mmap(-1, 1)
     workers: list[int] = []
     real_spawn, real_set_ids = runner._spawn, syscalls.set_ids
 
@@ -677,12 +679,14 @@ def test_ldconfig_whose_worker_dies_as_it_changes_uid_does_not_run_orphaned(
 
     def set_ids(uid: int, gid: int) -> None:  # in the ldconfig process
         real_set_ids(uid, gid)
-        os.write(tell, b"x")
+        told[0] = 1
         time.sleep(0.5)  # the worker is killed meanwhile
 
     def kill_the_worker() -> None:
-        if select.select([told], [], [], 5)[0]:
-            os.read(told, 1)
+        deadline = time.monotonic() + 5
+        while not told[0] and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if told[0]:
             os.kill(workers[0], signal.SIGKILL)
 
     monkeypatch.setattr(runner, "_spawn", spawn)
@@ -698,8 +702,7 @@ def test_ldconfig_whose_worker_dies_as_it_changes_uid_does_not_run_orphaned(
         killer.join()
         for pid in _running(sleeper):
             os.kill(pid, signal.SIGKILL)
-        os.close(told)
-        os.close(tell)
+        told.close()
 
 
 def test_cancelling_the_async_call_kills_the_worker(

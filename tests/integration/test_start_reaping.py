@@ -12,6 +12,7 @@ Needs root, runc and the cgroup v1 freezer (cgroup v2's lets a fatal signal thro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -135,3 +136,39 @@ def test_a_killed_worker_that_cannot_die_yet_does_not_stop_the_loop(
     assert answered < 1.5, f"the refusal took {answered:.2f} s: the loop waited for the killed worker"
     assert worst_gap < 0.5, f"the event loop stalled for {worst_gap:.2f} s"
     assert _workers() == [] and _zombie_children() == [], "the worker was not reaped after the thaw"
+
+
+def test_the_worker_holds_none_of_the_plugins_descriptors(
+    runc: RuncHost,  # noqa: F811  (the fixtures imported above)
+    plan: Plan,  # noqa: F811
+    rebuild: StartWork,  # noqa: F811
+    sleeper: Path,  # noqa: F811
+) -> None:
+    """A worker killed while stuck in the kernel can outlive the plugin: holding the
+    plugin's listening status socket, its NRI connection or a probe's pipe, it would
+    keep the port bound against a restarted plugin and the runtime from seeing EOF.
+    The worker keeps stdio and its result pipe only."""
+    import socket
+
+    c = gpu_container(runc, plan, "true")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    others = set(_children(False))
+
+    async def main() -> list[str]:
+        started = asyncio.ensure_future(run_start_async(c.pid, rebuild, ldconfig=str(sleeper), timeout=1.5))
+        await asyncio.sleep(0.4)  # the worker waits on the hanging ldconfig by now
+        (worker,) = [pid for pid in _children(False) if pid not in others]
+        held = sorted(os.readlink(f"/proc/{worker}/fd/{fd}") for fd in os.listdir(f"/proc/{worker}/fd"))
+        started.cancel()
+        with contextlib.suppress(BaseException):
+            await started
+        return held
+
+    try:
+        held = asyncio.run(main())
+    finally:
+        listener.close()
+    sockets = [h for h in held if h.startswith("socket:")]
+    assert not sockets, f"the worker holds the plugin's sockets: {held}"
