@@ -30,12 +30,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from engine.catalogue import IPC_TYPES
 from engine.cdi import HOOK_TIME_LIMIT
 from engine.config import EngineConfig
 from engine.errors import EngineError, StartError
 from engine.model import Capability, Inventory
-from engine.plan import host_source
+from engine.plan import ipc_in_mounts
 from engine.plan import plan as make_plan
 from engine.request import ByIndex, GpuRequest, Selection
 from engine.start import actions
@@ -115,22 +114,18 @@ def gpu_request(config: Mapping[str, Any], inventory: Inventory, capabilities: f
 
 
 def ipc_mounts(config: Mapping[str, Any], engine: EngineConfig) -> tuple[str, ...]:
-    """The daemons' IPC endpoints the bundle binds: a mount at a catalogue endpoint
-    from that endpoint's host path (what the CDI spec names), sorted.
+    """The daemons' IPC endpoints the bundle binds (``plan.ipc_in_mounts``).
 
     The spec was written once, so these are what it named then, whatever the
     hook's own discovery finds now: each one is what the start work must check.
     """
     mounts = config.get("mounts")
-    found: set[str] = set()
-    for mount in mounts if isinstance(mounts, list) else ():
-        if not isinstance(mount, dict):
-            continue
-        destination = mount.get("destination")
-        if isinstance(destination, str) and destination in IPC_TYPES:
-            if mount.get("source") == host_source(destination, engine):
-                found.add(destination)
-    return tuple(sorted(found))
+    pairs = (
+        (mount.get("source"), mount.get("destination"))
+        for mount in (mounts if isinstance(mounts, list) else ())
+        if isinstance(mount, dict)
+    )
+    return ipc_in_mounts(pairs, engine)
 
 
 def run_hook(

@@ -27,6 +27,7 @@ The same inputs always give the same plan, in the same order.
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Iterable
 
 from engine import catalogue, requirements
 from engine.config import EngineConfig
@@ -128,6 +129,20 @@ def host_source(node_path: str, config: EngineConfig) -> str:
     driver_root = config.driver_root
     ours = node_path if driver_root == "/" else posixpath.join(driver_root, node_path.lstrip("/"))
     return config.to_host_path(ours)
+
+
+def ipc_in_mounts(mounts: Iterable[tuple[object, object]], config: EngineConfig) -> tuple[str, ...]:
+    """The daemons' IPC endpoints among ``mounts`` ((source, destination) pairs): a
+    mount at a catalogue endpoint from that endpoint's host path, sorted. What a
+    container was actually given, where the plan that gave it is not at hand (a
+    plugin restarted since, a CDI spec written long ago). Raises EngineConfigError
+    (``host_source``)."""
+    found: set[str] = set()
+    for source, destination in mounts:
+        if isinstance(destination, str) and destination in catalogue.IPC_TYPES:
+            if source == host_source(destination, config):
+                found.add(destination)
+    return tuple(sorted(found))
 
 
 def _mounts(libraries: tuple[Library, ...], files: tuple[DriverFile, ...], config: EngineConfig) -> tuple[Mount, ...]:

@@ -18,6 +18,7 @@ from engine.config import EngineConfig
 from engine.discover import InventoryCache, current_ipc
 from engine.errors import EngineError, StartError, UnknownDeviceError
 from engine.model import DriverFile, Inventory, Plan
+from engine.plan import ipc_in_mounts
 from engine.plan import plan as make_plan
 from engine.request import parse_request
 from engine.start.runner import find_init_pid, run_start_async, shows_driver_view
@@ -195,13 +196,22 @@ class GpuPlugin:
             return
         began = time.perf_counter()
         who = describe(pod, container)
+        kept = self._pending.pop(container.id, None)
         try:
-            plan = self._pending.pop(container.id, None) or await self._replan(pod, container)
+            plan = kept or await self._replan(pod, container)
+            # The IPC endpoints to compare with the host's: what the container was
+            # given. A plan made again now may list others (a daemon gone or started
+            # since its creation); the container's own mounts say what it got.
+            mounted = ipc_in_mounts(((m.source, m.destination) for m in container.mounts), self._config)
         except PluginError as exc:
             self._log_start_refusal(pod, container, began, str(exc), exc)
             raise
+        except EngineError as exc:  # a mount source outside engine.host_root
+            self._log_start_refusal(pod, container, began, str(exc), exc)
+            raise PluginError(str(exc)) from exc
         if plan is None:
             return
+        ipc = mounted if kept is None else tuple(sorted({*plan.ipc, *mounted}))
         steps: dict[str, float] = {}
         try:
             pid = container.pid or find_init_pid(container.linux.cgroups_path, container=who)
@@ -214,6 +224,7 @@ class GpuPlugin:
                     self._config.ld_cache,
                     container.linux.cgroups_path,
                     driver_root=self._config.driver_root,
+                    ipc=ipc,
                 ),
                 ldconfig=self._config.ldconfig,
                 # What the runtime still gives this request: the worker is killed in

@@ -484,3 +484,28 @@ def test_a_daemon_started_after_discovery_is_handed_out_and_checked_at_start(ipc
         mounted = _create_and_start(plugin, lambda: daemon.bind(str(socket_path)))
     assert sorted(mounted) == [PERSISTENCED, MPS]
     assert [(w.ipc, w.ipc_root) for w in calls] == [((PERSISTENCED, MPS), str(ipc_node.driver_root))]
+
+
+def test_a_container_planned_again_at_start_is_checked_for_the_endpoints_it_was_given(ipc_node: SimNode) -> None:
+    """The plugin restarted between the container's creation and its start: the plan made
+    again lists the endpoints as they are now, but the start must check the ones the
+    container got. Here persistenced's socket was mounted and has gone since (the worker
+    then refuses the start: nothing left to compare the mount with), and the MPS folder,
+    there now, was never given. (Before: only the plan's endpoints were checked.)"""
+    from plugin._proto import nri_pb2 as api
+
+    calls: list[StartWork] = []
+    plugin = _mps_plugin(ipc_node, calls)
+    os.unlink(ipc_node.driver_root / PERSISTENCED.lstrip("/"))
+
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
+        p, c = pod("train", "ml", annotations={"nvidia.com/gpus": "0"}), container("main")
+        c.pid = 77
+        c.annotations["nri-gpu.io/gpus"] = ipc_node.gpus[0].uuid
+        socket_source = str(ipc_node.driver_root) + PERSISTENCED
+        c.mounts.append(api.Mount(destination=PERSISTENCED, source=socket_source, type="bind"))
+        c.mounts.append(api.Mount(destination=MPS, source="/elsewhere/mps", type="bind"))  # not ours
+        await rt.state_change(Event.START_CONTAINER, p, c)
+
+    asyncio.run(connected(plugin, body))
+    assert [w.ipc for w in calls] == [(PERSISTENCED,)]
