@@ -15,7 +15,9 @@ Sources, all read through ``Root`` objects:
 * the driver root's binary folders, GSP firmware and daemons' IPC endpoints.
 
 Anything optional that is missing or unreadable becomes a warning in the
-inventory. Discovery runs once at start and again when ``fingerprint`` changes.
+inventory. Discovery runs once at start and again when ``fingerprint`` changes;
+the daemons' IPC endpoints, which come and go with their daemons, are checked
+again for each GPU container (``current_ipc``).
 """
 
 from __future__ import annotations

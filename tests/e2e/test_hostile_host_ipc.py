@@ -6,6 +6,9 @@ their own users. Discovery used to take ``/tmp/nvidia-mps``,
 ``/run/nvidia-persistenced/socket`` and ``/run/nvidia-fabricmanager/socket`` through
 links and accept any folder, and the plan bound them read-write with ``rbind``:
 ``ln -s / /tmp/nvidia-mps`` gave every compute container the host's tree, writable.
+Later, checked only at discovery, the same link planted after root's folder went away
+still reached every compute container (read-only), and a daemon's socket gone since
+discovery failed every GPU pod.
 
 Each test builds its own simulated node (its root stands for the host's ``/``: a link
 to ``/`` resolves there), plants the endpoints, starts ``nri-gpu run`` with
