@@ -20,6 +20,7 @@ before and after, and looked for inside the container.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import secrets
 import socket
@@ -29,12 +30,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.testbed.cri import CriClient
+from tests.testbed.cri import CriClient, CriError
 from tests.testbed.gpunode import SimNode, build_node
 from tests.testbed.images import GLIBC
 from tests.testbed.plugins import NriGpuProcess
 
-from .conftest import Testbed
+from .conftest import Testbed, write_cdi_spec
 
 SLEEP = ["sh", "-c", "sleep 3600"]
 MPS, PERSISTENCED, FABRIC = "/tmp/nvidia-mps", "/run/nvidia-persistenced/socket", "/run/nvidia-fabricmanager/socket"
@@ -226,3 +227,44 @@ def test_a_socket_gone_after_discovery_fails_no_pod_and_a_new_one_is_handed_out(
         code, out = sh(cri, cid, f"test -S {FABRIC}")
         assert code == 0, out
     assert "started with GPUs" in plugin.log(), plugin.log()
+
+
+def test_the_cdi_hook_refuses_an_endpoint_its_spec_names_once_a_link_is_there(
+    testbed: Testbed, cri: CriClient, ipc_node: SimNode
+) -> None:
+    """A CDI spec names the endpoints it found when it was written, for good; runc binds
+    them at every start, following links. The hook walks the host path again and
+    compares it with what runc bound. Here persistenced's socket is replaced by a link
+    to another socket (a daemon's user, or a folder's owner, could do it): before, the
+    container started with whatever the link led to."""
+    root = ipc_node.driver_root
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as persistenced:
+        persistenced.bind(str(root / PERSISTENCED.lstrip("/")))
+        persistenced.listen(1)
+        path = write_cdi_spec(testbed, ipc_node, "nri-gpu-ipc.json")
+    try:
+        mounts = json.loads(path.read_text())["containerEdits"]["mounts"]
+        assert PERSISTENCED in [m["containerPath"] for m in mounts]
+        os.unlink(root / PERSISTENCED.lstrip("/"))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as restarted:  # the same daemon, started again
+            restarted.bind(str(root / PERSISTENCED.lstrip("/")))
+            restarted.listen(1)
+            cid = cdi_container(cri, "cdi-ipc-real")
+            assert sh(cri, cid, f"test -S {PERSISTENCED}")[0] == 0
+        os.unlink(root / PERSISTENCED.lstrip("/"))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as other:
+            other.bind(str(root / "var/lib/bait/socket"))
+            other.listen(1)
+            os.symlink(str(root / "var/lib/bait/socket"), root / PERSISTENCED.lstrip("/"))
+            with pytest.raises(CriError) as err:
+                cdi_container(cri, "cdi-ipc-link")
+        assert f"IPC endpoint {PERSISTENCED}: {root}{PERSISTENCED} is a symbolic link" in str(err.value), err.value
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def cdi_container(cri: CriClient, name: str) -> str:
+    pod = cri.run_pod(name)
+    return cri.run_container(
+        pod, "main", SLEEP, image=GLIBC, annotations={"cdi.k8s.io/nri-gpu-test": "nvidia.com/gpu=0"}
+    )
