@@ -157,13 +157,14 @@ class Root:
         so a check of what it points to now is worth nothing unless no one but root
         can change it later; and once root removes it (a daemon stops, a reboot),
         anyone may create it again, so it is checked again at every CreateContainer
-        and compared with the container's mount at its start. Hence, from the root down: no component is a link (each
-        is opened ``O_PATH|O_NOFOLLOW`` relative to the one before, and that very
-        inode is checked: nothing can be swapped in between), every folder is
-        root's and writable by no one else, unless it is sticky like ``/tmp`` (there
-        only an entry's owner can move it, and the next component must be root's and
-        no mount point: anyone may mount a FUSE file system on a folder of theirs
-        there, and its root then reports any owner), and the entry itself is of the expected type and root's; a directory entry
+        and compared with the container's mount at its start. Hence, from the root
+        down: no component is a link (each is opened ``O_PATH|O_NOFOLLOW`` relative
+        to the one before, and that very inode is checked: nothing can be swapped in
+        between), every folder is root's and writable by no one else, unless it is
+        sticky like ``/tmp`` (there only an entry's owner can move it, and the next
+        component must be root's and no mount point: anyone may mount a FUSE file
+        system on a folder of theirs there, and its root then reports any owner),
+        and the entry itself is of the expected type and root's; a directory entry
         is writable by no one else either (its contents reach every container).
         """
         parts = node_path.split("/")[1:]
