@@ -51,7 +51,7 @@ def test_the_worker_refuses_imports_once_detached() -> None:
     child = os.fork()
     if child == 0:
         try:
-            runner._detach_from_caller()
+            runner._detach_from_caller(write_end)
             already = "json" in sys.modules and __import__("json") is sys.modules["json"]
             try:
                 __import__(name)
