@@ -179,11 +179,14 @@ class Root:
             _check_folder(self.path, parent, sticky_ok=True)
             for depth, name in enumerate(parts, 1):
                 shown = self.host_path("/".join(parts[:depth]))
+                in_sticky = bool(parent.st_mode & stat.S_ISVTX)
                 try:
-                    child = os.open(name, _O_WALK, dir_fd=fd)
+                    child = _open_in_sticky(fd, name) if in_sticky else os.open(name, _O_WALK, dir_fd=fd)
                 except FileNotFoundError:
                     return None
                 except OSError as exc:
+                    if exc.errno == errno.EXDEV:
+                        raise DiscoveryError(_MOUNT_IN_STICKY.format(shown)) from exc
                     raise DiscoveryError(f"{shown}: {exc.strerror}") from exc
                 os.close(fd)
                 fd = child
@@ -195,12 +198,8 @@ class Root:
                     if stat.S_ISLNK(st.st_mode):
                         raise DiscoveryError(f"{shown} is a symbolic link (links are never followed here)")
                     raise DiscoveryError(f"{shown} is {got}, not {_TYPE_NAMES[want]}")
-                if parent.st_mode & stat.S_ISVTX and st.st_dev != parent.st_dev:
-                    # Anyone may mount a FUSE file system on a folder of theirs in /tmp;
-                    # its root then shows whatever owner and mode its owner likes.
-                    raise DiscoveryError(
-                        f"{shown} is a mount point in a sticky folder (its owner and mode are the mount's word)"
-                    )
+                if in_sticky and st.st_dev != parent.st_dev:  # kept: the open above is what holds
+                    raise DiscoveryError(_MOUNT_IN_STICKY.format(shown))
                 if stat.S_ISDIR(st.st_mode):
                     _check_folder(shown, st, sticky_ok=not last)
                 elif st.st_uid != 0:
@@ -209,6 +208,24 @@ class Root:
             return parent
         finally:
             os.close(fd)
+
+
+_MOUNT_IN_STICKY = "{} is a mount point in a sticky folder (its owner and mode are the mount's word)"
+
+
+def _open_in_sticky(dirfd: int, name: str) -> int:
+    """``name`` in a sticky folder like ``/tmp``, refused (EXDEV) if it is a mount point.
+
+    Anyone may mount a FUSE file system on a folder of theirs there; its root shows
+    whatever owner and mode its daemon likes, and an ``fstat`` of it waits on that
+    daemon (FUSE_GETATTR), on the event loop at every CreateContainer. Refusing the
+    crossing in the lookup itself never asks the mounted file system anything.
+    """
+    # Imported here: engine.start imports this module (a top-level import would be
+    # circular). The module is loaded by then in every process that gets here.
+    from engine.start import syscalls
+
+    return syscalls.openat2(dirfd, name, _O_WALK, 0, syscalls.RESOLVE_NO_XDEV | syscalls.RESOLVE_NO_SYMLINKS)
 
 
 def _check_folder(shown: str, st: os.stat_result, *, sticky_ok: bool) -> None:
