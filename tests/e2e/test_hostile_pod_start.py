@@ -29,9 +29,7 @@ so a test can watch just before the work and stop a worker at a chosen step.
 
 from __future__ import annotations
 
-import ctypes
 import os
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -48,13 +46,13 @@ from tests.testbed import hostile, images
 from tests.testbed.cri import CriClient
 from tests.testbed.gpunode import SimNode
 from tests.testbed.images import BUSYBOX
+from tests.testbed.openwatch import OpenWatch
 from tests.testbed.plugins import PluginThread
 
 from .conftest import Testbed
 
 SLEEP = ["sh", "-c", "sleep 3600"]
 GPU = {"nvidia.com/gpus": "0"}
-_IN_OPEN = 0x20
 _SWAP = (
     "cd /data; while :; do "
     "echo x > t && mv -f t ld.so.cache; "
@@ -62,37 +60,6 @@ _SWAP = (
     "rm -f d; mknod d c 1 3 && mv -f d ld.so.cache; "
     "done"
 )
-
-
-class OpenWatch:
-    """inotify ``IN_OPEN`` on ``path``: a file (its inode's opens) or a directory
-    (opens of its entries, by name). An ``O_PATH`` open makes no event."""
-
-    def __init__(self, path: Path) -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        self.fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-        assert self.fd >= 0
-        if libc.inotify_add_watch(self.fd, os.fsencode(path), _IN_OPEN) < 0:
-            os.close(self.fd)
-            raise OSError(ctypes.get_errno(), f"inotify_add_watch({path})")
-
-    def opened(self) -> list[str]:
-        """A name per open since the last call ('' for the watched file itself)."""
-        names: list[str] = []
-        while True:
-            try:
-                data = os.read(self.fd, 65536)
-            except BlockingIOError:
-                return names
-            at = 0
-            while at < len(data):
-                _, mask, _, size = struct.unpack_from("iIII", data, at)
-                if mask & _IN_OPEN:
-                    names.append(data[at + 16 : at + 16 + size].rstrip(b"\0").decode())
-                at += 16 + size
-
-    def close(self) -> None:
-        os.close(self.fd)
 
 
 class WatchingGpuPlugin(GpuPlugin):

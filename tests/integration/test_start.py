@@ -16,7 +16,6 @@ Needs root (namespaces, mounts, runc); skipped with the reason otherwise.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import dataclasses
 import hashlib
 import json
@@ -26,7 +25,6 @@ import shutil
 import signal
 import socket
 import stat
-import struct
 import subprocess
 import threading
 import time
@@ -59,6 +57,7 @@ from engine.start.rootdir import RootDir
 from tests.testbed import debs
 from tests.testbed.bundle import Container, RuncHost, busybox_rootfs
 from tests.testbed.gpunode import SimNode, build_node, run_ldconfig
+from tests.testbed.openwatch import OpenWatch
 
 WHO = 'container "main" in pod "ns/p"'
 LIB = "/usr/lib/x86_64-linux-gnu"
@@ -901,37 +900,6 @@ def test_a_read_only_root_stays_read_only_whichever_step_the_worker_is_killed_at
         if finished:
             break
     assert finished and len(killed) >= 5, killed
-
-
-_IN_OPEN = 0x20
-
-
-class OpenWatch:
-    """inotify ``IN_OPEN`` on one file of a container's root (seen from the host):
-    every *successful* open of that inode, a device node's included, is an event
-    (an ``O_PATH`` open is not, nor an open of what replaces it)."""
-
-    def __init__(self, path: Path) -> None:
-        self._libc = ctypes.CDLL(None, use_errno=True)
-        self.fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
-        assert self.fd >= 0
-        assert self._libc.inotify_add_watch(self.fd, str(path).encode(), _IN_OPEN) >= 0
-
-    def opens(self) -> int:
-        count = 0
-        while True:
-            try:
-                data = os.read(self.fd, 65536)
-            except BlockingIOError:
-                return count
-            at = 0
-            while at < len(data):
-                _, mask, _, size = struct.unpack_from("iIII", data, at)
-                count += bool(mask & _IN_OPEN)
-                at += 16 + size
-
-    def close(self) -> None:
-        os.close(self.fd)
 
 
 def _plant(kind: str, where: Path) -> None:
