@@ -25,6 +25,7 @@ from engine.errors import EngineError
 from engine.plan import plan
 from engine.report import inventory_text, inventory_to_dict, plan_text, plan_to_dict
 from engine.request import ContainerInfo, parse_request
+from engine.start.actions import identity_blind_spots
 from plugin import cdi_cli, setup_cli
 from plugin.config import (
     DEFAULT_INDEX,
@@ -152,6 +153,13 @@ async def _run(settings: Settings, sock: socket.socket | None) -> None:
         loop.add_signal_handler(sig, stub.stop)
     where = f"fd {sock.fileno()}" if sock is not None else config.socket
     logger.info("nri-gpu %s-%s starting on %s", config.index, config.name, where)
+    for blind in identity_blind_spots():
+        logger.warning(
+            "cannot look at %s; the start work cannot refuse that namespace or root by it "
+            "(it still refuses the plugin's own and checks each container's cgroup): run in the "
+            "host's pid namespace with CAP_SYS_PTRACE",
+            blind,
+        )
     status = await _start_status_server(config.metrics_address, stub, metrics)
     try:
         await stub.run()

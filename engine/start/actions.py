@@ -46,7 +46,7 @@ from engine.start import cgroup, ipc, ldconfig, links, mountinfo, procview, sysc
 from engine.start.rootdir import RootDir
 from engine.start.work import StartReport, StartWork, WorkError
 
-__all__ = ["StepFailed", "perform", "perform_in_bundle"]
+__all__ = ["StepFailed", "identity_blind_spots", "perform", "perform_in_bundle"]
 
 
 # mountinfo of a container: a few KB; one with thousands of mounts is refused
@@ -245,6 +245,21 @@ def _identities(name: str) -> list[_Seen]:
         except OSError:
             continue
     return found
+
+
+def identity_blind_spots() -> list[str]:
+    """What the identity checks cannot look at from here, in words: each is a
+    namespace or root that ``perform`` could not tell from a container's (pid 1's,
+    where ``/proc/1`` is out of sight or refused). For a warning at start-up; the
+    worker itself never logs."""
+    blind = []
+    for proc, whose in _NOT_CONTAINERS:
+        for name in ("root", "ns/mnt"):
+            try:
+                os.stat(f"{proc}/{name}")
+            except OSError as exc:
+                blind.append(f"{proc}/{name}, {whose}: {exc.strerror}")
+    return blind
 
 
 def _check_cgroup(proc: int, pid: int, cgroups_path: str) -> None:

@@ -85,3 +85,13 @@ def test_the_ipc_endpoints_of_the_plan_go_to_the_start_with_the_driver_root() ->
 def test_ipc_endpoints_are_the_catalogues_and_their_root_clean(ipc: tuple[str, ...], root: str) -> None:
     with pytest.raises(ValueError, match="ipc"):
         StartWork("c", (), (), (), ipc=ipc, ipc_root=root)
+
+
+def test_identity_blind_spots_name_what_cannot_be_looked_at(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where pid 1 is out of sight, the start work cannot refuse the host's own mount
+    namespace by it: the plugin says so at start-up instead of failing open silently."""
+    from engine.start import actions
+
+    monkeypatch.setattr(actions, "_NOT_CONTAINERS", (("/proc/self", "the plugin's"), ("/proc/0", "pid 0's")))
+    blind = actions.identity_blind_spots()
+    assert blind == ["/proc/0/root, pid 0's: No such file or directory", "/proc/0/ns/mnt, pid 0's: No such file or directory"]
