@@ -22,11 +22,18 @@ directory imported from may not: anyone could add a module to it.
 The interpreter is asked where it imports from, in two steps, so that nothing
 that is not yet checked runs: first without ``site`` (``-I -S``: the standard
 library and the folders ``site`` would read ``.pth`` files from), then, once
-those are checked, with it (``-I``: ``.pth`` files, editable installs).
+those are checked, with it (``-I``: ``.pth`` files, editable installs). Even the
+first run imports the standard library, so before it the files alone decide
+where that comes from: every ``pyvenv.cfg`` the interpreter would read, the
+installation its ``home`` names and the interpreter's own (the ``lib/python3*``
+folders and ``libpython``), each checked. What the interpreter's loader takes
+from elsewhere (an ``LD_LIBRARY_PATH`` is not set: the query runs with an empty
+environment) is root's ld.so configuration.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import stat
@@ -140,6 +147,15 @@ def check_file(path: str) -> list[str]:
     return problems
 
 
+def _check_folder(path: str) -> list[str]:
+    """Problems with the folder ``path`` itself and the way to it (not its contents)."""
+    problems: list[str] = []
+    found = _resolve(path, problems)
+    if found is not None and (problem := _owner_problem(found[0], found[1], sticky_ok=False)):
+        problems.append(problem)
+    return problems
+
+
 def check_tree(path: str, *, missing_ok: bool = True, seen: set[tuple[int, int]] | None = None) -> list[str]:
     """Problems with importing from the folder ``path``: the way to it, it, and
     everything under it (links inside are followed and checked the same way)."""
@@ -203,11 +219,55 @@ def _strings(value: object) -> list[str]:
     return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
+_CFG_LIMIT = 4096  # a pyvenv.cfg is a few lines
+
+
+def _prefixes(interp: str) -> tuple[list[str], list[str]]:
+    """(pyvenv.cfg files, installation prefixes) the interpreter at ``interp``
+    reads at start-up, found from the files alone (CPython's getpath: a
+    ``pyvenv.cfg`` beside the executable or one folder up, whose ``home`` is the
+    base installation's bin folder; else the executable's own installation)."""
+    configs, prefixes = [], []
+    for where in (interp, os.path.realpath(interp)):
+        bin_dir = os.path.dirname(where)
+        prefixes.append(os.path.dirname(bin_dir))
+        for cfg in (os.path.join(bin_dir, "pyvenv.cfg"), os.path.join(os.path.dirname(bin_dir), "pyvenv.cfg")):
+            if not os.path.isfile(cfg) or cfg in configs:
+                continue
+            configs.append(cfg)
+            with open(cfg, "rb") as f:
+                text = f.read(_CFG_LIMIT).decode("utf-8", "replace")
+            for line in text.splitlines():
+                key, sep, value = line.partition("=")
+                if sep and key.strip() == "home" and value.strip():
+                    home = value.strip()
+                    prefixes += [home, os.path.dirname(home)]
+    return configs, list(dict.fromkeys(prefixes))
+
+
+def _before_running(interp: str, seen: set[tuple[int, int]]) -> list[str]:
+    """Problems with what ``interp`` would load before it can be asked anything."""
+    configs, prefixes = _prefixes(interp)
+    problems = [p for c in configs for p in check_file(c)]
+    for prefix in prefixes:
+        problems += _check_folder(prefix) if os.path.isdir(prefix) else []
+        for lib in sorted(glob.glob(os.path.join(glob.escape(prefix), "lib", "python3*"))):
+            problems += check_tree(lib, seen=seen)
+        for shared in sorted(glob.glob(os.path.join(glob.escape(prefix), "lib", "libpython3*"))):
+            problems += check_file(shared)
+        if len(problems) >= _MAX_PROBLEMS:
+            break
+    return list(dict.fromkeys(problems))
+
+
 def import_dirs(interp: str) -> tuple[list[str], list[str]]:
     """(directories, problems): where ``interp`` imports the hook from, each checked.
 
     Raises ValueError when ``interp`` cannot be asked (not Python, or it failed)."""
     seen: set[tuple[int, int]] = set()
+    problems = _before_running(interp, seen)
+    if problems:
+        return [], problems  # it would load that at start-up: do not run it at all
     base = _query(interp, ("-I", "-S"), _BASE_QUERY)
     dirs = [*_strings(base.get("path")), *_strings(base.get("site"))]
     problems = [p for d in dirs for p in check_tree(d, seen=seen)]

@@ -212,3 +212,34 @@ def test_packages_imported_from_a_users_folder(tmp_path: Path) -> None:
         f"{venv}/bin/python does not import nri-gpu's package 'plugin'",
         f"{venv}/bin/python does not import nri-gpu's package 'engine'",
     ]
+
+
+def test_a_venv_whose_home_is_a_users_python_is_refused_before_it_runs(tmp_path: Path) -> None:
+    """A root-owned venv whose pyvenv.cfg ``home`` names a user's Python build: the
+    interpreter would take its standard library (``encodings``, ``site``) from that
+    user's tree the moment it is asked anything, running their code as root. The
+    check refuses it from the files alone, before the interpreter runs once."""
+    python = _trusted_python()
+    venv = tmp_path / "venv"
+    subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    user = tmp_path / "alice-python"
+    marker = tmp_path / "ran-as-root"
+    stdlib = user / "lib" / version
+    (user / "bin").mkdir(parents=True)
+    (stdlib / "encodings").mkdir(parents=True)
+    (stdlib / "os.py").write_text("")  # the landmark getpath looks for
+    (stdlib / "encodings" / "__init__.py").write_text(  # early in start-up: posix is what there is
+        f"import posix\nposix.close(posix.open({str(marker)!r}, posix.O_CREAT | posix.O_WRONLY, 0o644))\n"
+    )
+    for path in (user, user / "bin", user / "lib", stdlib, stdlib / "encodings"):
+        os.chown(path, USER, USER)
+    cfg = venv / "pyvenv.cfg"
+    cfg.write_text(cfg.read_text().replace(f"home = {os.path.dirname(python)}", f"home = {user}/bin"))
+    assert f"home = {user}/bin" in cfg.read_text()
+    hook = tmp_path / "nri-gpu"
+    hook.write_text(f"#!{venv}/bin/python\nfrom plugin.__main__ import main\n")
+    hook.chmod(0o755)
+    problems = check_install(str(hook))
+    assert not marker.exists(), "the user's standard library ran as root"
+    assert f"{user} is owned by uid 1000, not root" in problems
