@@ -115,9 +115,9 @@ OPTIONS: tuple[Option, ...] = (
         "Give compute containers the MPS control daemon's pipe folder /tmp/nvidia-mps\n"
         "(read-only, as the persistenced and fabric manager sockets always are).\n"
         "Security: /tmp belongs to every local account. The folder is taken only when no\n"
-        "link leads to it and it and /tmp are root's and writable by no one else (/tmp\n"
-        "sticky); otherwise it is skipped with a warning. Turn it on only where the MPS\n"
-        "daemon runs as root.",
+        "link leads to it, it is no mount point, and it and /tmp are root's and writable\n"
+        "by no one else (/tmp sticky); otherwise it is skipped with a warning. Turn it on\n"
+        "only where the MPS daemon runs as root.",
     ),
     Option(
         "policy",

@@ -8,7 +8,8 @@ any conversion happens.
 
 Both paths read a bounded amount. The NRI message is at most 4 MiB (the ttrpc
 frame limit): 800k env entries at most, 58 ms to scan. A container that asks for
-nothing is never refused for its size (it gets nothing and pays only the scan);
+nothing (no GPU annotation, no ``NVIDIA_VISIBLE_DEVICES``, no marker) is never
+refused for its size (it gets nothing and pays only the scan);
 ``container_info`` copies only what a request reads (the two annotations, the
 ``NVIDIA_*`` and ``CUDA_VERSION`` env, the volume markers) and refuses a container
 with more than ``MAX_REQUEST_ENV`` such env entries or ``MAX_LIST_ENTRIES``
@@ -65,7 +66,9 @@ def _request_env(container: api.Container) -> dict[str, str]:
         if entry.startswith(_REQUEST_ENV):
             count += 1
             if count > MAX_REQUEST_ENV:
-                raise RequestError(f"the container has more than {MAX_REQUEST_ENV} NVIDIA_* env entries")
+                raise RequestError(
+                    f"the container has more than {MAX_REQUEST_ENV} NVIDIA_* and CUDA_VERSION env entries"
+                )
             key, _, value = entry.partition("=")
             env.setdefault(key, value)
     return env

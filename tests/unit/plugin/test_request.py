@@ -62,7 +62,7 @@ def test_too_many_nvidia_env_entries_are_refused_by_count() -> None:
     with pytest.raises(RequestError) as exc:
         container_info(POD, container)
     assert time.perf_counter() - began < 0.05  # stops counting at the bound
-    assert str(exc.value) == f"the container has more than {MAX_REQUEST_ENV} NVIDIA_* env entries"
+    assert str(exc.value) == f"the container has more than {MAX_REQUEST_ENV} NVIDIA_* and CUDA_VERSION env entries"
 
 
 def test_too_many_volume_markers_are_refused_when_markers_count() -> None:
