@@ -745,18 +745,22 @@ def test_async_keeps_the_loop_running(runc: RuncHost, plan: Plan, rebuild: Start
     assert reports[0].procfs == "created" and reports[0].ld_cache_written
 
 
-def _zombie_children() -> list[int]:
-    me = str(os.getpid())
-    found = []
+def children(zombies: bool) -> list[int]:
+    """This process's live (or, with ``zombies``, zombie) children."""
+    me, found = str(os.getpid()), []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if fields[1] == me and fields[0] == "Z":
+            if fields[1] == me and (fields[0] == "Z") == zombies:
                 found.append(int(entry.name))
     return found
+
+
+def _zombie_children() -> list[int]:
+    return children(zombies=True)
 
 
 def test_the_worker_is_reaped_after_an_early_return(runc: RuncHost, plan: Plan, work: StartWork) -> None:

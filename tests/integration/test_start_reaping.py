@@ -26,6 +26,7 @@ from engine.model import Plan
 from engine.start import StartWork, run_start_async, runner
 from tests.integration.test_start import (  # noqa: F401  (fixtures)
     _cannot_run,
+    children,
     gcc,
     gpu_container,
     node,
@@ -57,21 +58,6 @@ def freezer() -> Iterator[Path]:
         group.rmdir()
 
 
-def _children(zombies: bool) -> list[int]:
-    """Our live (or zombie) children. In a whole test run they include other tests'
-    long-lived ones (session daemons), so the test compares with those it saw first."""
-    me, found = str(os.getpid()), []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[1] == me and (fields[0] == "Z") == zombies:
-                found.append(int(entry.name))
-    return found
-
-
 def test_a_killed_worker_that_cannot_die_yet_does_not_stop_the_loop(
     runc: RuncHost,  # noqa: F811  (the fixtures imported above)
     plan: Plan,  # noqa: F811
@@ -83,14 +69,15 @@ def test_a_killed_worker_that_cannot_die_yet_does_not_stop_the_loop(
     monkeypatch.setattr(runner, "_REPORT_MARGIN", -10.0)  # the worker would wait on ldconfig for 10 s more
     c = gpu_container(runc, plan, "true")
     thawed = threading.Event()
-    others, other_zombies = set(_children(False)), set(_children(True))
+    # In a whole test run the session's daemons are children too: only new ones count.
+    others, other_zombies = set(children(zombies=False)), set(children(zombies=True))
 
     def _workers() -> list[int]:
         """The forked start worker (its ldconfig is its own child), if it is alive."""
-        return [pid for pid in _children(False) if pid not in others]
+        return [pid for pid in children(zombies=False) if pid not in others]
 
     def _zombie_children() -> list[int]:
-        return [pid for pid in _children(True) if pid not in other_zombies]
+        return [pid for pid in children(zombies=True) if pid not in other_zombies]
 
     def thaw() -> None:
         (freezer / "freezer.state").write_text("THAWED")
@@ -154,12 +141,12 @@ def test_the_worker_holds_none_of_the_plugins_descriptors(
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
-    others = set(_children(False))
+    others = set(children(zombies=False))
 
     async def main() -> list[str]:
         started = asyncio.ensure_future(run_start_async(c.pid, rebuild, ldconfig=str(sleeper), timeout=1.5))
         await asyncio.sleep(0.4)  # the worker waits on the hanging ldconfig by now
-        (worker,) = [pid for pid in _children(False) if pid not in others]
+        (worker,) = [pid for pid in children(zombies=False) if pid not in others]
         held = sorted(os.readlink(f"/proc/{worker}/fd/{fd}") for fd in os.listdir(f"/proc/{worker}/fd"))
         started.cancel()
         with contextlib.suppress(BaseException):
