@@ -22,6 +22,10 @@ and the engine cannot tell it from a host with a loaded driver and no GPU work r
 * **procfs** (under ``proc_root``): ``driver/nvidia/{version,params,registry}``,
   ``driver/nvidia/gpus/<bus>/{information,registry,power}``, minimal
   ``driver/nvidia/capabilities/`` and ``driver/nvidia-caps/*-minors``, and ``devices``.
+  With ``mig=``, also every GPU's ``capabilities/gpu<minor>/mig/`` and the GPU and
+  compute instances asked for (``gi<G>/access``, ``gi<G>/ci<C>/access``, minors as
+  ``mig-minors`` lists them), with their ``/dev/nvidia-caps/nvidia-cap<N>`` nodes;
+  ``reconfigure_mig`` makes instances disappear and appear on a built node.
   Every format is the one the 550.163.01 kernel module prints (checked against
   ``nv-procfs.c``, ``nv-reg.h`` and ``nv-caps.c`` of Debian's nvidia-kernel-source
   550.163.01-2, and a ``version``/``information`` pair read from a real 550.163.01 host).
@@ -66,6 +70,7 @@ are real copies.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import functools
 import hashlib
@@ -94,15 +99,18 @@ __all__ = [
     "NVIDIA_MAJOR",
     "PACKAGES",
     "UVM_MAJOR",
+    "MigSpec",
     "SimGpu",
     "SimNode",
     "build_node",
+    "cap_minor",
     "driver_tree",
     "elf_soname",
     "information_file",
     "ldconfig_binary",
     "ldconfig_version",
     "no_driver_tree",
+    "reconfigure_mig",
     "run_ldconfig",
 ]
 
@@ -222,6 +230,8 @@ class SimNode:
     driver_version: str | None  # None: a node without a driver
     gpus: tuple[SimGpu, ...]
     real_device_nodes: bool = True  # False: /dev entries are empty regular files
+    # None: no MIG (the default node). Else GPU index -> its instances, as ``build_node`` took them.
+    mig: dict[int, tuple[tuple[int, tuple[int, ...]], ...]] | None = None
 
     def flags(self) -> list[str]:
         """The command-line flags that point an nri-gpu command at this node."""
@@ -736,22 +746,121 @@ def _write_dev(dev: Path, gpus: Sequence[SimGpu], driver: bool, real: bool | Non
     (dev / "nvidia-caps").mkdir(exist_ok=True)
     use_mknod = os.geteuid() == 0 if real is None else real
     for rel, major, minor, mode in _device_nodes(gpus):
-        path = dev / rel
-        if path.exists() or path.is_symlink():
-            path.unlink()
-        if use_mknod:
-            try:
-                os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
-                os.chmod(path, mode)  # mknod is subject to the umask
-                continue
-            except PermissionError:
-                if real:  # asked for explicitly: say so rather than fake it
-                    raise
-                log.warning("mknod not permitted (no CAP_MKNOD?): device nodes are regular files")
-                use_mknod = False
-        path.touch()
-        os.chmod(path, mode)
+        use_mknod = _make_node(dev / rel, major, minor, mode, use_mknod, insist=bool(real))
     return use_mknod
+
+
+def _make_node(path: Path, major: int, minor: int, mode: int, use_mknod: bool, *, insist: bool) -> bool:
+    """One device node (an empty regular file without mknod); whether mknod is still used."""
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    if use_mknod:
+        try:
+            os.mknod(path, stat.S_IFCHR | mode, os.makedev(major, minor))
+            os.chmod(path, mode)  # mknod is subject to the umask
+            return True
+        except PermissionError:
+            if insist:  # asked for explicitly: say so rather than fake it
+                raise
+            log.warning("mknod not permitted (no CAP_MKNOD?): device nodes are regular files")
+    path.touch()
+    os.chmod(path, mode)
+    return False
+
+
+# --------------------------------------------------------------------------- MIG
+
+# GPU index -> its GPU instances, each (gi, compute instance ids). An index with no
+# instances is a GPU in MIG mode with nothing carved out.
+MigSpec = dict[int, Sequence[tuple[int, Sequence[int]]]]
+
+
+def cap_minor(gpu_minor: int, gi: int, ci: int | None = None) -> int:
+    """The nvidia-caps minor the driver gives an instance (the ``mig-minors`` table order)."""
+    base = 3 + 135 * gpu_minor + 9 * gi
+    return base if ci is None else base + 1 + ci
+
+
+def _access_file(minor: int) -> str:
+    # nv_cap_procfs_read; GPU and compute instance caps are created OS_RUGO (292 = 0444).
+    return f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
+
+
+def _normal_mig(gpus: Sequence[SimGpu], spec: MigSpec) -> dict[int, tuple[tuple[int, tuple[int, ...]], ...]]:
+    """``spec`` checked against what the driver can make, sorted, as tuples."""
+    out: dict[int, tuple[tuple[int, tuple[int, ...]], ...]] = {}
+    for index, instances in spec.items():
+        if not 0 <= index < len(gpus):
+            raise ValueError(f"MIG GPU index {index} out of range 0..{len(gpus) - 1}")
+        gis = sorted((gi, tuple(sorted(cis))) for gi, cis in instances)
+        if gis and gpus[index].minor > 31:
+            raise ValueError(f"GPU {index} has minor {gpus[index].minor}: the driver makes MIG caps for minors 0..31 only")
+        if len({gi for gi, _ in gis}) != len(gis) or any(len(set(cis)) != len(cis) for _, cis in gis):
+            raise ValueError(f"GPU {index}: an instance is listed twice in {instances!r}")
+        bad = [(gi, cis) for gi, cis in gis if not 0 <= gi <= 14 or any(not 0 <= c <= 7 for c in cis)]
+        if bad:
+            raise ValueError(f"GPU {index}: GPU instances are 0..14 and compute instances 0..7, not {bad}")
+        out[index] = tuple(gis)
+    return dict(sorted(out.items()))
+
+
+def _mkdir_proc(path: Path) -> None:
+    # The kernel's 0555 folders; another user keeps owner-write to reconfigure them.
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o555 if os.geteuid() == 0 else 0o755)
+
+
+def _write_mig(node: SimNode) -> None:
+    """Every GPU's ``capabilities/gpu<minor>/mig/`` (the driver makes it whether or not
+    MIG is on), the instances of ``node.mig`` with their access files, and a
+    ``/dev/nvidia-caps`` node for each instance cap, as nvidia-modprobe makes them."""
+    caps = node.proc_root / "driver/nvidia/capabilities"
+    for gpu in node.gpus:
+        _mkdir_proc(caps / f"gpu{gpu.minor}")
+        _mkdir_proc(caps / f"gpu{gpu.minor}" / "mig")
+    use_mknod = node.real_device_nodes
+    for index, instances in (node.mig or {}).items():
+        minor = node.gpus[index].minor
+        for gi, cis in instances:
+            folder = caps / f"gpu{minor}" / "mig" / f"gi{gi}"
+            _mkdir_proc(folder)
+            _write(folder / "access", _access_file(cap_minor(minor, gi)))
+            nodes = [cap_minor(minor, gi)]
+            for ci in cis:
+                _mkdir_proc(folder / f"ci{ci}")
+                _write(folder / f"ci{ci}" / "access", _access_file(cap_minor(minor, gi, ci)))
+                nodes.append(cap_minor(minor, gi, ci))
+            for cap in nodes:
+                path = node.dev_root / "dev/nvidia-caps" / f"nvidia-cap{cap}"
+                use_mknod = _make_node(path, CAPS_MAJOR, cap, 0o444, use_mknod, insist=False)
+
+
+def _remove_mig_instances(node: SimNode) -> None:
+    """Destroy every instance: its procfs folders and its /dev/nvidia-caps node (as
+    nvidia-modprobe's nodes would be cleaned up); config and monitor stay."""
+    caps = node.proc_root / "driver/nvidia/capabilities"
+    for gpu in node.gpus:
+        mig = caps / f"gpu{gpu.minor}" / "mig"
+        for gi_dir in sorted(mig.glob("gi*")) if mig.is_dir() else []:
+            for path in [gi_dir, *gi_dir.rglob("*")]:
+                if path.is_dir():
+                    os.chmod(path, 0o755)
+            shutil.rmtree(gi_dir)
+    for path in sorted((node.dev_root / "dev/nvidia-caps").glob("nvidia-cap*")):
+        if path.name not in ("nvidia-cap1", "nvidia-cap2"):
+            path.unlink()
+
+
+def reconfigure_mig(node: SimNode, mig: MigSpec) -> SimNode:
+    """Change a MIG node's instances as an operator would (``nvidia-smi mig -dci -dgi``
+    then ``-cgi -C``): the old instances vanish, the new ones appear. A GPU index left
+    out of ``mig`` ends up with no instances. Returns the node as it now is."""
+    if node.mig is None:
+        raise ValueError("the node was built without MIG (build_node(mig=...))")
+    new = dataclasses.replace(node, mig=_normal_mig(node.gpus, mig))
+    _remove_mig_instances(node)
+    _write_mig(new)
+    return new
 
 
 # --------------------------------------------------------------------------- node
@@ -767,6 +876,7 @@ def build_node(
     model: str = "NVIDIA A100-SXM4-80GB",
     real_device_nodes: bool | None = None,
     excluded: Sequence[int] = (),
+    mig: MigSpec | None = None,
 ) -> SimNode:
     """Build a simulated GPU node in ``root`` (created if missing) and describe it.
 
@@ -777,8 +887,15 @@ def build_node(
     node has none. ``real_device_nodes``: None = character devices iff running as root
     (falling back to regular files if mknod is refused), True = insist, False = regular
     files. ``excluded``: GPU indexes the driver reports as ``GPU Excluded: Yes``.
+    ``mig``: None = no per-GPU capability folders (the node as before MIG was
+    simulated); else every GPU gets ``capabilities/gpu<minor>/mig/`` and the GPUs
+    named (by index) get these GPU instances and compute instances, e.g.
+    ``{1: [], 2: [(2, [0, 1, 2]), (3, [0])]}``: GPU 1 in MIG mode with no instances,
+    GPU 2 with a 3g GI holding three CIs and a 2g GI with one (``reconfigure_mig``
+    changes them later).
     """
     sim_gpus = _make_gpus(gpus, model, in_bus_order, excluded) if driver else ()  # validates first
+    mig_layout = _normal_mig(sim_gpus, mig) if mig is not None and driver else None
     root = Path(root).absolute()
     root.mkdir(parents=True, exist_ok=True)
     driver_root = root / driver_subdir if driver_subdir else root
@@ -789,7 +906,10 @@ def build_node(
     node = SimNode(
         root=root, driver_root=driver_root, dev_root=root, proc_root=proc,
         driver_version=DRIVER_VERSION if driver else None, gpus=sim_gpus, real_device_nodes=real,
+        mig=mig_layout,
     )
+    if mig_layout is not None:
+        _write_mig(node)
     (root / MARKER).write_text(json.dumps({"flags": node.flags(), "gpus": [g.__dict__ for g in sim_gpus]}, indent=1) + "\n")
     return node
 
@@ -809,6 +929,19 @@ def _summary(node: SimNode) -> str:
     return "\n".join([head, *lines])
 
 
+def _parse_mig_args(values: Sequence[str]) -> MigSpec:
+    """``["1", "2:2.0.1.2,3.0"]`` -> ``{1: [], 2: [(2, [0, 1, 2]), (3, [0])]}``."""
+    spec: MigSpec = {}
+    for value in values:
+        index, _, rest = value.partition(":")
+        try:
+            gis = [part.split(".") for part in rest.split(",")] if rest else []
+            spec[int(index)] = [(int(p[0]), [int(c) for c in p[1:]]) for p in gis]
+        except ValueError:
+            raise ValueError(f"--mig {value!r}: expected INDEX[:GI[.CI...][,GI...]], e.g. 2:2.0.1.2,3.0") from None
+    return spec
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="hack/simulate-gpu-node",
@@ -822,6 +955,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--in-bus-order", action="store_true", help="device minors equal to the indexes")
     parser.add_argument("--exclude", type=int, action="append", default=[], metavar="INDEX",
                         help="mark GPU INDEX 'GPU Excluded: Yes' (repeatable)")
+    parser.add_argument("--mig", action="append", default=[], metavar="INDEX[:GI[.CI...][,GI...]]",
+                        help="put GPU INDEX in MIG mode with these GPU instances and their compute instances, "
+                             "e.g. '--mig 1 --mig 2:2.0.1.2,3.0' (repeatable; any --mig gives every GPU "
+                             "its capabilities/gpu<minor>/mig folder)")
     parser.add_argument("--force", action="store_true",
                         help="replace a node this tool built before (a ROOT holding anything else is never deleted)")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -842,12 +979,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(root)
     start = time.monotonic()
     try:
+        mig = _parse_mig_args(args.mig) if args.mig else None
         node = build_node(root, gpus=args.gpus, driver=not args.no_driver, driver_subdir=args.driver_root_subdir,
-                          in_bus_order=args.in_bus_order, excluded=args.exclude)
+                          in_bus_order=args.in_bus_order, excluded=args.exclude, mig=mig)
     except (ValueError, debs.DebError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(_summary(node))
+    for index, instances in (node.mig or {}).items():
+        gpu = node.gpus[index]
+        shown = " ".join(f"gi{gi}({','.join(f'ci{c}' for c in cis) or 'no CIs'})" for gi, cis in instances)
+        print(f"MIG: GPU {index} (minor {gpu.minor}): {shown or 'MIG on, no instances'}")
     print(f"built in {time.monotonic() - start:.2f}s; flags for nri-gpu commands:")
     print(" ".join(node.flags()))
     return 0

@@ -249,6 +249,91 @@ def test_warm_build_time(tmp_path: Path) -> None:
     print(f"warm build_node(gpus=8): {elapsed * 1000:.0f} ms")  # measured, not asserted: CI machines vary
 
 
+# --------------------------------------------------------------------------- MIG
+
+
+def _mig_minors(node: SimNode) -> dict[str, int]:
+    text = (node.proc_root / "driver/nvidia-caps/mig-minors").read_text()
+    return {name: int(minor) for name, minor in (line.split(" ") for line in text.splitlines())}
+
+
+def _instance_folders(node: SimNode) -> list[str]:
+    caps = node.proc_root / "driver/nvidia/capabilities"
+    return sorted(str(p.relative_to(caps)) for p in caps.glob("gpu*/mig/gi*/**") if p.is_dir())
+
+
+def test_default_node_has_no_per_gpu_capability_folders(node: SimNode) -> None:
+    assert node.mig is None
+    assert not list((node.proc_root / "driver/nvidia/capabilities").glob("gpu*"))
+    assert sorted(p.name for p in (node.dev_root / "dev/nvidia-caps").iterdir()) == ["nvidia-cap1", "nvidia-cap2"]
+
+
+def test_mig_node_is_laid_out_as_the_driver_writes_it(tmp_path: Path) -> None:
+    sim = build_node(tmp_path, gpus=4, mig={0: [(2, [0, 1, 2]), (3, [0]), (9, [0]), (10, [0])], 1: []})
+    caps = sim.proc_root / "driver/nvidia/capabilities"
+    # Every GPU gets its mig folder (keyed by device minor); GPU 1 (minor 3) has no instances.
+    assert sorted(p.name for p in caps.glob("gpu*")) == sorted(f"gpu{g.minor}" for g in sim.gpus)
+    assert all((caps / f"gpu{g.minor}/mig").is_dir() for g in sim.gpus)
+    assert sim.gpus[0].minor == 2 and not list((caps / "gpu3/mig").iterdir())
+    minors = _mig_minors(sim)
+    expected = {  # the reference table for an A100 of minor 2
+        "gpu2/gi2/access": 291, "gpu2/gi2/ci0/access": 292, "gpu2/gi2/ci1/access": 293, "gpu2/gi2/ci2/access": 294,
+        "gpu2/gi3/access": 300, "gpu2/gi3/ci0/access": 301, "gpu2/gi9/access": 354, "gpu2/gi9/ci0/access": 355,
+        "gpu2/gi10/access": 363, "gpu2/gi10/ci0/access": 364,
+    }
+    for name, minor in expected.items():
+        found = re.fullmatch(r"gpu(\d+)/gi(\d+)(?:/ci(\d+))?/access", name)
+        assert found is not None
+        ci = None if found[3] is None else int(found[3])
+        assert minors[name] == minor == gpunode.cap_minor(int(found[1]), int(found[2]), ci)
+        access = caps / name.replace("/", "/mig/", 1)
+        assert access.read_bytes() == f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n".encode()
+        if os.geteuid() == 0:
+            assert stat.S_IMODE(access.stat().st_mode) == 0o444
+            assert stat.S_IMODE(access.parent.stat().st_mode) == 0o555
+        node_path = sim.dev_root / "dev/nvidia-caps" / f"nvidia-cap{minor}"
+        st = node_path.lstat()
+        assert stat.S_IMODE(st.st_mode) == 0o444
+        if sim.real_device_nodes:
+            assert stat.S_ISCHR(st.st_mode) and os.major(st.st_rdev) == gpunode.CAPS_MAJOR
+            assert os.minor(st.st_rdev) == minor
+    assert len(list((sim.dev_root / "dev/nvidia-caps").iterdir())) == 2 + len(expected)
+
+
+def test_reconfigure_mig_makes_instances_disappear_and_appear(tmp_path: Path) -> None:
+    sim = build_node(tmp_path, gpus=2, mig={0: [(1, [0])]})  # GPU 0 has minor 1
+    assert _instance_folders(sim) == ["gpu1/mig/gi1", "gpu1/mig/gi1/ci0"]
+    sim = gpunode.reconfigure_mig(sim, {0: [(5, [0, 1])], 1: [(13, [])]})
+    assert _instance_folders(sim) == ["gpu0/mig/gi13", "gpu1/mig/gi5", "gpu1/mig/gi5/ci0", "gpu1/mig/gi5/ci1"]
+    caps_nodes = sorted(p.name for p in (sim.dev_root / "dev/nvidia-caps").iterdir())
+    wanted = [gpunode.cap_minor(0, 13), gpunode.cap_minor(1, 5), gpunode.cap_minor(1, 5, 0), gpunode.cap_minor(1, 5, 1)]
+    assert caps_nodes == sorted(["nvidia-cap1", "nvidia-cap2", *(f"nvidia-cap{m}" for m in wanted)])
+    sim = gpunode.reconfigure_mig(sim, {})
+    assert _instance_folders(sim) == [] and sim.mig == {}
+    assert (sim.proc_root / "driver/nvidia/capabilities/gpu1/mig").is_dir()
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [{4: []}, {0: [(15, [])]}, {0: [(0, [8])]}, {0: [(1, []), (1, [0])]}, {0: [(1, [0, 0])]}],
+    ids=["index", "gi", "ci", "gi-twice", "ci-twice"],
+)
+def test_mig_spec_is_checked(tmp_path: Path, spec: gpunode.MigSpec) -> None:
+    with pytest.raises(ValueError):
+        build_node(tmp_path, gpus=4, mig=spec)
+
+
+def test_reconfigure_needs_a_mig_node(node: SimNode) -> None:
+    with pytest.raises(ValueError, match="without MIG"):
+        gpunode.reconfigure_mig(node, {})
+
+
+def test_cli_mig_argument() -> None:
+    assert gpunode._parse_mig_args(["1", "0:2.0.1.2,3.0,9"]) == {1: [], 0: [(2, [0, 1, 2]), (3, [0]), (9, [])]}
+    with pytest.raises(ValueError, match="--mig 'x'"):
+        gpunode._parse_mig_args(["x"])
+
+
 # --------------------------------------------------------------------------- ldcaches
 
 
