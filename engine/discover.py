@@ -8,7 +8,8 @@ Sources, all read through ``Root`` objects:
   GPU *index* is its position in PCI bus-id order (what nvidia-smi shows); the
   *minor* names ``/dev/nvidia<minor>`` and is often, not always, the same;
 * ``<proc_root>/devices``: the majors of ``nvidia`` (``nvidia-frontend`` before
-  550.40) and ``nvidia-uvm``;
+  550.40), ``nvidia-uvm`` and ``nvidia-caps``;
+* ``<proc_root>/driver/nvidia/capabilities/``: the MIG layout (``engine.migfs``);
 * ``<dev_root>/dev/nvidia*``: which control nodes exist;
 * ``<driver_root>/etc/ld.so.cache``: the driver libraries, kept when their file
   name carries the driver version, sorted into capabilities;
@@ -22,24 +23,29 @@ again for each GPU container (``current_ipc``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import posixpath
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
-from engine import catalogue, procfs
+from engine import catalogue, migfs, procfs
 from engine.config import EngineConfig
 from engine.cudaversion import read_cuda_version
 from engine.errors import DiscoveryError
 from engine.ldcache import parse_ld_so_cache
 from engine.model import (
+    ComputeInstance,
     DeviceKind,
     DeviceNode,
     DriverFile,
     FileKind,
     Gpu,
+    GpuInstance,
     Inventory,
     Library,
+    MigCap,
+    MigLayout,
 )
 from engine.root import Root
 
@@ -49,22 +55,27 @@ CudaVersionReader = Callable[[str], tuple[str | None, str | None]]
 
 _GPUS = "/driver/nvidia/gpus"
 _VERSION = "/driver/nvidia/version"
+_CAPS = "/driver/nvidia/capabilities"
+_CAP_FILE_LIMIT = 1024  # three short lines; anything longer is not the driver's
 CONTROL_MINOR = 255
 MODESET_MINOR = 254
 
 
-def fingerprint(config: EngineConfig) -> tuple[str, tuple[str, ...]]:
-    """Cheap identity of the driver state: version file text and the GPU folder names.
+def fingerprint(config: EngineConfig) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """Cheap identity of the driver state: version file text, the GPU folder names and
+    the MIG instances' folders (``gpu2/mig/gi2``, ``gpu2/mig/gi2/ci0``, ...).
 
-    A new driver (version line changes) or GPUs appearing or disappearing
-    (folders change) make it differ; checking it costs two small reads.
+    A new driver (version line changes), GPUs appearing or disappearing (folders
+    change) or GPU or compute instances created or destroyed make it differ;
+    checking it costs two small reads and one listing per MIG folder (none on a
+    node whose GPUs have no MIG capability folders).
     """
     proc = Root(config.proc_root)
     try:
         version = proc.read_text(_VERSION, limit=4096)
     except DiscoveryError:
         version = ""
-    return version, tuple(proc.listdir(_GPUS))
+    return version, tuple(proc.listdir(_GPUS)), tuple(_placement_folder(p) for p in _mig_placements(proc))
 
 
 def discover(config: EngineConfig, *, cuda_version: CudaVersionReader = read_cuda_version) -> Inventory:
@@ -88,9 +99,10 @@ def discover(config: EngineConfig, *, cuda_version: CudaVersionReader = read_cud
     libraries = _libraries(driver, version, warnings)
     files = _binaries(driver) + _firmware(driver, version) + _ipc(driver, config.mps, warnings)
     cuda = _cuda_version(driver, libraries, cuda_version, warnings)
+    mig = _mig(proc, majors.get("nvidia-caps"), gpus, warnings)
     for warning in warnings:
         logger.warning("discovery: %s", warning)
-    return Inventory(version, cuda, gpus, controls, nvidia_major, libraries, files, tuple(warnings))
+    return Inventory(version, cuda, gpus, controls, nvidia_major, libraries, files, tuple(warnings), mig)
 
 
 def _majors(proc: Root, warnings: list[str]) -> dict[str, int]:
@@ -124,6 +136,79 @@ def _gpus(proc: Root, warnings: list[str]) -> tuple[Gpu, ...]:
     if len(set(minors)) != len(minors):
         warnings.append(f"GPUs share device minors {minors}; procfs is inconsistent")
     return tuple(gpus)
+
+
+_Placement = tuple[int, int, int | None]  # (GPU device minor, gi, ci or None for the GPU instance itself)
+
+
+def _mig_placements(proc: Root, minors: Iterable[int] | None = None) -> list[_Placement]:
+    """The GPU and compute instance folders under ``capabilities``, each GPU instance
+    followed by its compute instances, in the order of their numbers.
+
+    Only names the driver can make are taken (``migfs``: 32 GPUs, 15 GPU instances,
+    8 compute instances each), which bounds the answer to 4 320 entries and the
+    listings to one per GPU and GPU instance, whatever else a tree holds.
+    ``minors``: only those GPUs' folders (default: every ``gpu<M>`` there is).
+    """
+    if minors is None:
+        found = (migfs.gpu_dir_minor(name) for name in proc.listdir(_CAPS))
+        minors = [m for m in found if m is not None]
+    out: list[_Placement] = []
+    for minor in sorted({m for m in minors if 0 <= m <= migfs.MAX_GPU_MINOR}):
+        gis = (migfs.gpu_instance_id(name) for name in proc.listdir(f"{_CAPS}/gpu{minor}/mig"))
+        for gi in sorted(g for g in gis if g is not None):
+            out.append((minor, gi, None))
+            cis = (migfs.compute_instance_id(name) for name in proc.listdir(f"{_CAPS}/gpu{minor}/mig/gi{gi}"))
+            out += [(minor, gi, ci) for ci in sorted(c for c in cis if c is not None)]
+    return out
+
+
+def _placement_folder(placement: _Placement) -> str:
+    """``gpu2/mig/gi2`` or ``gpu2/mig/gi2/ci0``: where it lies under ``capabilities``."""
+    minor, gi, ci = placement
+    return f"gpu{minor}/mig/gi{gi}" + ("" if ci is None else f"/ci{ci}")
+
+
+def _mig(proc: Root, caps_major: int | None, gpus: tuple[Gpu, ...], warnings: list[str]) -> MigLayout:
+    """The MIG layout of the inventory's GPUs (by device minor) and the global caps.
+
+    Instances come and go while this reads: a folder listed but gone by the time
+    its access file is read was destroyed in between, and is left out without a
+    word; the next fingerprint check notices the change. A GPU instance whose own
+    access file cannot be read is left out with its compute instances (none of
+    them can be used without it).
+    """
+    config = _cap(proc, f"{_CAPS}/mig/config", warnings)
+    monitor = _cap(proc, f"{_CAPS}/mig/monitor", warnings)
+    instances: list[GpuInstance] = []
+    for placement in _mig_placements(proc, [g.minor for g in gpus]):
+        minor, gi, ci = placement
+        parent = instances[-1] if instances else None
+        if ci is not None and (parent is None or (parent.gpu_minor, parent.gi) != (minor, gi)):
+            continue  # its GPU instance was left out
+        cap = _cap(proc, f"{_CAPS}/{_placement_folder(placement)}/access", warnings)
+        if cap is None:
+            continue
+        if ci is None:
+            instances.append(GpuInstance(minor, gi, cap))
+        elif parent is not None:
+            cis = (*parent.compute_instances, ComputeInstance(ci, cap))
+            instances[-1] = dataclasses.replace(parent, compute_instances=cis)
+    if instances and caps_major is None:
+        warnings.append("MIG instances exist but /proc/devices has no nvidia-caps major")
+    return MigLayout(caps_major, config, monitor, tuple(instances))
+
+
+def _cap(proc: Root, path: str, warnings: list[str]) -> MigCap | None:
+    """One capability file; None, quietly, if it is not there (never was, or vanished)."""
+    try:
+        text = proc.read_text(path, limit=_CAP_FILE_LIMIT)
+        parsed = migfs.parse_cap_file(text, source=proc.host_path(path))
+    except DiscoveryError as exc:
+        if proc.lstat(path) is not None:
+            warnings.append(f"MIG capability skipped: {exc}")
+        return None
+    return MigCap("/proc" + path, parsed.minor, parsed.mode)
 
 
 def _control_devices(
@@ -244,9 +329,10 @@ class InventoryCache:
     """The inventory, taken again only when the driver state changes.
 
     ``get()`` is cheap enough for every request: at most every ``interval``
-    seconds it compares ``fingerprint`` (two small procfs reads) with the last
-    one and re-runs discovery when a new driver was loaded or GPUs appeared or
-    disappeared. That discovery runs a CUDA probe (seconds at worst), so an
+    seconds it compares ``fingerprint`` (two small procfs reads and a few
+    listings of the MIG folders) with the last one and re-runs discovery when a
+    new driver was loaded, GPUs appeared or disappeared or MIG instances were
+    created or destroyed. That discovery runs a CUDA probe (seconds at worst), so an
     event loop never calls ``get()``: it reads ``current`` and runs ``refresh()``
     in a thread (``plugin.inventory``); the inventory is replaced in a single
     assignment once the new one is complete.

@@ -132,6 +132,54 @@ class DeviceNode:
 
 
 @dataclass(frozen=True)
+class MigCap:
+    """A MIG capability: the ``nvidia-caps`` device minor and mode its procfs file names."""
+
+    path: str  # node path of the procfs file: "/proc/driver/nvidia/capabilities/gpu2/mig/gi2/access"
+    minor: int  # of /dev/nvidia-caps/nvidia-cap<minor>
+    mode: int  # DeviceFileMode: 0o444 for instances and monitor, 0o400 for config
+
+
+@dataclass(frozen=True)
+class ComputeInstance:
+    """``capabilities/gpu<M>/mig/gi<G>/ci<C>``: one compute instance of a GPU instance."""
+
+    ci: int  # 0..7
+    access: MigCap
+
+
+@dataclass(frozen=True)
+class GpuInstance:
+    """``capabilities/gpu<M>/mig/gi<G>``: one GPU instance and its compute instances.
+
+    ``gpu_minor`` is the parent's device minor (``/dev/nvidia<M>``), not its index.
+    """
+
+    gpu_minor: int
+    gi: int  # the swizzId, 0..14
+    access: MigCap
+    compute_instances: tuple[ComputeInstance, ...] = ()  # by ci
+
+
+@dataclass(frozen=True)
+class MigLayout:
+    """The MIG instances procfs shows, without NVML: placements and capability minors.
+
+    No GPU instance means MIG is off *or* on with nothing carved out: procfs does
+    not tell the two apart (only NVML knows the mode), and either way there is
+    nothing MIG to hand out. MIG UUIDs and NVML's ``i:j`` indexes are not here.
+    """
+
+    caps_major: int | None = None  # "nvidia-caps" in /proc/devices
+    config: MigCap | None = None  # capabilities/mig/config
+    monitor: MigCap | None = None  # capabilities/mig/monitor
+    gpu_instances: tuple[GpuInstance, ...] = ()  # by (gpu_minor, gi)
+
+    def instances_of(self, gpu_minor: int) -> tuple[GpuInstance, ...]:
+        return tuple(g for g in self.gpu_instances if g.gpu_minor == gpu_minor)
+
+
+@dataclass(frozen=True)
 class Inventory:
     """Everything the engine knows about the node; made once by discovery, then read-only."""
 
@@ -143,6 +191,7 @@ class Inventory:
     libraries: tuple[Library, ...]
     files: tuple[DriverFile, ...]  # binaries, firmware, IPC sockets
     warnings: tuple[str, ...] = ()
+    mig: MigLayout = MigLayout()  # empty on a node without MIG capability files
 
     @property
     def has_driver(self) -> bool:

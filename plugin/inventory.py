@@ -1,7 +1,8 @@
 """The node's inventory for the event loop: read at once, taken again in a thread.
 
-A new driver or a GPU coming or going changes the inventory; noticing it costs
-two small procfs reads (``engine.discover.fingerprint``), taking it again a whole
+A new driver, a GPU or a MIG instance coming or going changes the inventory;
+noticing it costs two small procfs reads and a few listings of the MIG folders
+(``engine.discover.fingerprint``), taking it again a whole
 discovery with a CUDA probe in a child process (about 12 ms here, up to the
 probe's 10 s timeout on a sick node). Neither runs on the loop: ``current()``
 costs a clock read, and when a check is due it starts ``InventoryCache.refresh``

@@ -143,7 +143,7 @@ def test_inventory_is_taken_again_when_the_driver_changes(tmp_path: Path) -> Non
 
 
 def test_fingerprint_of_a_node_without_driver(tmp_path: Path) -> None:
-    assert fingerprint(EngineConfig(proc_root=str(tmp_path))) == ("", ())
+    assert fingerprint(EngineConfig(proc_root=str(tmp_path))) == ("", (), ())
 
 
 # -- IPC endpoints: planted by whoever can write /tmp or /run on the node --------------
@@ -356,3 +356,186 @@ def test_a_discovery_that_failed_is_tried_again_at_the_next_check(tmp_path: Path
     failing[0] = False
     assert cache.refresh() is True
     assert len(cache.get().gpus) == 1
+
+
+# -- MIG: the layout procfs shows (engine.migfs), on simulated MIG nodes ----------------
+#
+# GPU index 0 has device minor 2 (the sim's minors are not in bus order, so an index
+# used where a minor belongs shows): three GPU instances of different sizes, the 3g one
+# with three compute instances. GPU 1 (minor 3) is in MIG mode with no instances.
+
+from engine import migfs  # noqa: E402
+from engine.model import MigCap, MigLayout  # noqa: E402
+from engine.root import Root  # noqa: E402
+from tests.testbed.gpunode import cap_minor, reconfigure_mig  # noqa: E402
+
+MIG_SPEC: dict[int, list[tuple[int, list[int]]]] = {0: [(2, [0, 1, 2]), (3, [0]), (9, [0])], 1: []}
+CAPS = "driver/nvidia/capabilities"
+
+
+def mig_node(path: Path, spec: dict[int, list[tuple[int, list[int]]]] = MIG_SPEC) -> SimNode:
+    return build_node(path, gpus=4, model="NVIDIA A100-SXM4-40GB", mig=spec)
+
+
+def placements(layout: MigLayout) -> list[tuple[int, int, int | None, int]]:
+    """(gpu minor, gi, ci or None, cap minor) of every instance."""
+    out: list[tuple[int, int, int | None, int]] = []
+    for g in layout.gpu_instances:
+        out.append((g.gpu_minor, g.gi, None, g.access.minor))
+        out += [(g.gpu_minor, g.gi, c.ci, c.access.minor) for c in g.compute_instances]
+    return out
+
+
+def test_mig_layout_of_a_node_with_instances(tmp_path: Path) -> None:
+    node = mig_node(tmp_path)
+    assert [g.minor for g in node.gpus[:2]] == [2, 3]
+    inv = discover(config_for(node), cuda_version=no_cuda)
+    assert inv.warnings == ()
+    mig = inv.mig
+    assert mig.caps_major == 236
+    assert mig.config == MigCap("/proc/driver/nvidia/capabilities/mig/config", 1, 0o400)
+    assert mig.monitor == MigCap("/proc/driver/nvidia/capabilities/mig/monitor", 2, 0o444)
+    # The reference numbers for minor 2: gi2 291 (+ci 292-294), gi3 300/301, gi9 354/355.
+    assert placements(mig) == [
+        (2, 2, None, 291), (2, 2, 0, 292), (2, 2, 1, 293), (2, 2, 2, 294),
+        (2, 3, None, 300), (2, 3, 0, 301), (2, 9, None, 354), (2, 9, 0, 355),
+    ]
+    assert all(m == migfs.expected_minor(g, gi, ci) for g, gi, ci, m in placements(mig))
+    gi2 = mig.instances_of(2)[0]
+    assert gi2.access == MigCap("/proc/driver/nvidia/capabilities/gpu2/mig/gi2/access", 291, 0o444)
+    assert gi2.compute_instances[1].access.path == "/proc/driver/nvidia/capabilities/gpu2/mig/gi2/ci1/access"
+    # MIG on with nothing carved out reads as no instances: procfs cannot say more.
+    assert mig.instances_of(3) == () and mig.instances_of(0) == ()
+
+
+def test_a_node_without_mig_folders_has_no_instances_and_no_warning(four: tuple[SimNode, Inventory]) -> None:
+    _, inv = four
+    assert inv.mig.gpu_instances == () and inv.mig.caps_major == 236
+    assert inv.mig.config is not None and inv.mig.config.minor == 1
+    assert not [w for w in inv.warnings if "MIG" in w]
+
+
+def test_no_capabilities_folder_at_all(tmp_path: Path) -> None:
+    node = build_node(tmp_path, gpus=1)
+    shutil.rmtree(node.proc_root / CAPS)
+    inv = discover(config_for(node), cuda_version=no_cuda)
+    assert inv.mig == MigLayout(caps_major=236) and inv.warnings == ()
+
+
+def test_fingerprint_notices_instances_appearing_and_disappearing(tmp_path: Path) -> None:
+    node = mig_node(tmp_path, {0: [], 1: []})
+    config = config_for(node)
+    takes: list[Inventory] = []
+
+    def take(c: EngineConfig) -> Inventory:
+        takes.append(discover(c, cuda_version=no_cuda))
+        return takes[-1]
+
+    cache = InventoryCache(config, interval=1e9, take=take)
+    empty = fingerprint(config)
+    assert empty[2] == () and cache.current.mig.gpu_instances == ()
+    assert cache.refresh() is False
+
+    node = reconfigure_mig(node, {1: [(1, [0, 1])]})  # GPU 1 has minor 3
+    carved = fingerprint(config)
+    assert carved[2] == ("gpu3/mig/gi1", "gpu3/mig/gi1/ci0", "gpu3/mig/gi1/ci1")
+    assert cache.refresh() is True
+    assert placements(cache.current.mig) == [(3, 1, None, 417), (3, 1, 0, 418), (3, 1, 1, 419)]
+
+    node = reconfigure_mig(node, {1: [(1, [0])]})  # a compute instance destroyed
+    assert fingerprint(config)[2] == ("gpu3/mig/gi1", "gpu3/mig/gi1/ci0")
+    assert cache.refresh() is True and len(cache.current.mig.gpu_instances[0].compute_instances) == 1
+
+    reconfigure_mig(node, {})
+    assert fingerprint(config) == empty
+    assert cache.refresh() is True and cache.current.mig.gpu_instances == ()
+    assert len(takes) == 4
+
+
+def _vanish_on_read(monkeypatch: pytest.MonkeyPatch, node: SimNode, doomed: str) -> list[str]:
+    """Make ``doomed`` (a folder under capabilities) disappear right when discovery goes
+    to read a file in it: listed, then gone, as when an operator destroys an instance."""
+    reads: list[str] = []
+    original = Root.read_text
+
+    def read_text(self: Root, node_path: str, limit: int = 1 << 24) -> str:
+        reads.append(node_path)
+        target = node.proc_root / CAPS / doomed
+        if node_path.startswith(f"/{CAPS}/{doomed}/") and target.exists():
+            for p in [target, *target.rglob("*")]:
+                if p.is_dir():
+                    p.chmod(0o755)
+            shutil.rmtree(target)
+        return original(self, node_path, limit)
+
+    monkeypatch.setattr(Root, "read_text", read_text)
+    return reads
+
+
+@pytest.mark.parametrize(
+    ("doomed", "left"),
+    [
+        ("gpu2/mig/gi3", [(2, 2, None), (2, 2, 0), (2, 2, 1), (2, 2, 2), (2, 9, None), (2, 9, 0)]),
+        ("gpu2/mig/gi2/ci1", [(2, 2, None), (2, 2, 0), (2, 2, 2), (2, 3, None), (2, 3, 0), (2, 9, None), (2, 9, 0)]),
+        ("gpu2/mig/gi2", [(2, 3, None), (2, 3, 0), (2, 9, None), (2, 9, 0)]),
+    ],
+    ids=["gpu-instance", "compute-instance", "gpu-instance-with-its-cis"],
+)
+def test_instances_vanishing_between_listing_and_reading_are_left_out_quietly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, doomed: str, left: list[tuple[int, int, int | None]]
+) -> None:
+    node = mig_node(tmp_path)
+    _vanish_on_read(monkeypatch, node, doomed)
+    inv = discover(config_for(node), cuda_version=no_cuda)
+    assert [p[:3] for p in placements(inv.mig)] == left
+    assert inv.warnings == ()
+
+
+def test_a_malformed_access_file_is_a_warning_and_only_its_instance_is_left_out(tmp_path: Path) -> None:
+    node = mig_node(tmp_path)
+    gi3 = node.proc_root / CAPS / "gpu2/mig/gi3/access"
+    gi3.write_text("DeviceFileMinor: 3OO\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
+    ci = node.proc_root / CAPS / "gpu2/mig/gi2/ci2/access"
+    ci.write_text("DeviceFileMode: 292\n")
+    inv = discover(config_for(node), cuda_version=no_cuda)
+    assert [p[:3] for p in placements(inv.mig)] == [(2, 2, None), (2, 2, 0), (2, 2, 1), (2, 9, None), (2, 9, 0)]
+    assert len(inv.warnings) == 2
+    assert "gpu2/mig/gi2/ci2/access: no 'DeviceFileMinor' line" in inv.warnings[0]  # listing order
+    assert "gpu2/mig/gi3/access: 'DeviceFileMinor' is '3OO'" in inv.warnings[1]
+
+
+def test_a_compute_instance_without_its_gpu_instance_access_file_is_left_out(tmp_path: Path) -> None:
+    node = mig_node(tmp_path)
+    (node.proc_root / CAPS / "gpu2/mig/gi9/access").unlink()
+    inv = discover(config_for(node), cuda_version=no_cuda)
+    assert (2, 9, None) not in [p[:3] for p in placements(inv.mig)]
+    assert (2, 9, 0) not in [p[:3] for p in placements(inv.mig)]
+
+
+def test_only_names_the_driver_can_make_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    node = mig_node(tmp_path)
+    caps = node.proc_root / CAPS
+    junk = ["gpu2/mig/gi15", "gpu2/mig/gi2/ci8", "gpu2/mig/gi02", "gpu2/mig/giX", "gpu32/mig/gi0", "gpu7/mig/gi0"]
+    for folder in junk:  # gpu7: no GPU of the inventory has minor 7
+        (caps / folder).mkdir(parents=True, exist_ok=True)
+        (caps / folder / "access").write_text(f"DeviceFileMinor: {cap_minor(2, 0)}\nDeviceFileMode: 292\n")
+    reads = _vanish_on_read(monkeypatch, node, "none")
+    inv = discover(config_for(node), cuda_version=no_cuda)
+    assert len(placements(inv.mig)) == 8 and inv.warnings == ()
+    assert not [r for r in reads if any(j in r for j in junk)]
+    # The fingerprint lists every gpu<M> the driver can make (minor 7 too), nothing beyond.
+    assert "gpu7/mig/gi0" in fingerprint(config_for(node))[2]
+    assert not [p for p in fingerprint(config_for(node))[2] if "gi15" in p or "ci8" in p or "gpu32" in p]
+
+
+def test_instances_without_a_caps_major_are_a_warning(tmp_path: Path) -> None:
+    node = mig_node(tmp_path)
+    devices = node.proc_root / "devices"
+    devices.write_text(devices.read_text().replace(" nvidia-caps\n", " nvidia-capz\n"))
+    inv = discover(config_for(node), cuda_version=no_cuda)
+    assert inv.mig.caps_major is None and len(inv.mig.gpu_instances) == 3
+    assert inv.warnings == ("MIG instances exist but /proc/devices has no nvidia-caps major",)
+
+
+def test_inventory_made_without_a_mig_layout_has_an_empty_one() -> None:
+    assert Inventory(None, None, (), (), None, (), ()).mig == MigLayout()
