@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.model import Capability, DeviceNode, Gpu, Inventory, Plan
+from engine.model import Capability, DeviceNode, Gpu, Inventory, MigCap, MigLayout, Plan
 
 
 def _gpu(g: Gpu) -> dict[str, Any]:
@@ -38,8 +38,32 @@ def capability_counts(inventory: Inventory) -> dict[str, int]:
     return counts
 
 
-def inventory_to_dict(inventory: Inventory) -> dict[str, Any]:
+def _cap(cap: MigCap | None) -> dict[str, Any] | None:
+    return None if cap is None else {"path": cap.path, "minor": cap.minor, "mode": f"{cap.mode:04o}"}
+
+
+def mig_to_dict(mig: MigLayout) -> dict[str, Any]:
+    """The MIG layout procfs shows: instances by GPU device minor, with their caps."""
     return {
+        "caps_major": mig.caps_major,
+        "config": _cap(mig.config),
+        "monitor": _cap(mig.monitor),
+        "gpu_instances": [
+            {
+                "gpu_minor": g.gpu_minor,
+                "gi": g.gi,
+                "access": _cap(g.access),
+                "compute_instances": [{"ci": c.ci, "access": _cap(c.access)} for c in g.compute_instances],
+            }
+            for g in mig.gpu_instances
+        ],
+    }
+
+
+def inventory_to_dict(inventory: Inventory) -> dict[str, Any]:
+    """The inventory as data. ``mig`` is there only when some GPU has MIG instances,
+    so the form for every other node stays as it was."""
+    out = {
         "driver_version": inventory.driver_version,
         "cuda_version": inventory.cuda_version,
         "gpus": [_gpu(g) for g in inventory.gpus],
@@ -65,6 +89,9 @@ def inventory_to_dict(inventory: Inventory) -> dict[str, Any]:
         "libraries_per_capability": capability_counts(inventory),
         "warnings": list(inventory.warnings),
     }
+    if inventory.mig.gpu_instances:
+        out["mig"] = mig_to_dict(inventory.mig)
+    return out
 
 
 def inventory_text(inventory: Inventory) -> str:
@@ -84,6 +111,12 @@ def inventory_text(inventory: Inventory) -> str:
     others = {kind: sum(1 for f in inventory.files if f.kind.value == kind) for kind in ("binary", "firmware", "ipc")}
     lines.append("Other files: " + ", ".join(f"{k} {v}" for k, v in others.items()))
     lines.append("Control devices: " + (", ".join(d.path for d in inventory.control_devices) or "none"))
+    for minor in sorted({g.gpu_minor for g in inventory.mig.gpu_instances}):
+        shown = " ".join(
+            f"gi{g.gi}({','.join(f'ci{c.ci}' for c in g.compute_instances) or 'no CIs'})"
+            for g in inventory.mig.instances_of(minor)
+        )
+        lines.append(f"MIG instances of GPU minor {minor}: {shown} (MIG requests are not supported yet)")
     lines += [f"warning: {w}" for w in inventory.warnings]
     return "\n".join(lines) + "\n"
 
