@@ -1,4 +1,4 @@
-"""Fuzzing the parsers of the driver's procfs files (``engine.procfs``).
+"""Fuzzing the parsers of the driver's procfs files (``engine.procfs``, ``engine.migfs``).
 
 The files come from the kernel, but a container root, a test fixture or a
 future driver may hold anything. Every parser returns plain values or raises
@@ -11,6 +11,7 @@ from __future__ import annotations
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from engine import migfs
 from engine.errors import DiscoveryError
 from engine.procfs import (
     canonical_bus_id,
@@ -90,3 +91,28 @@ def test_canonical_bus_id(text: str) -> None:
     got = typed(ValueError, canonical_bus_id, text)
     if not isinstance(got, ValueError):
         assert canonical_bus_id(got) == got
+
+
+ACCESS = "DeviceFileMinor: 291\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
+
+
+@fuzz(200)
+@given(text=st.one_of(mutated_text(st.sampled_from([ACCESS, ACCESS.replace("\n", "\r\n")]), max_ops=4), TEXTS))
+@example(text="DeviceFileMinor: " + "1" * 4400 + "\nDeviceFileMode: 292\n")
+@example(text="DeviceFileMinor: \u0662\nDeviceFileMode: 292\n")  # an Arabic-Indic two: int() takes it
+def test_mig_capability_file(text: str) -> None:
+    got = typed(DiscoveryError, migfs.parse_cap_file, text, source="gpu2/mig/gi2/access")
+    if not isinstance(got, DiscoveryError):
+        assert 0 <= got.minor < 10**9 and 0 <= got.mode <= 0o777
+
+
+@fuzz(200)
+@given(name=st.one_of(st.from_regex(r"(gpu|gi|ci)[0-9]{1,3}", fullmatch=True), st.text(max_size=8)))
+def test_mig_folder_names(name: str) -> None:
+    for parse, prefix, top in (
+        (migfs.gpu_dir_minor, "gpu", migfs.MAX_GPU_MINOR),
+        (migfs.gpu_instance_id, "gi", migfs.MAX_GPU_INSTANCE),
+        (migfs.compute_instance_id, "ci", migfs.MAX_COMPUTE_INSTANCE),
+    ):
+        got = parse(name)
+        assert got is None or (0 <= got <= top and name == f"{prefix}{got}")
