@@ -141,24 +141,37 @@ def _gpus(proc: Root, warnings: list[str]) -> tuple[Gpu, ...]:
 _Placement = tuple[int, int, int | None]  # (GPU device minor, gi, ci or None for the GPU instance itself)
 
 
-def _mig_placements(proc: Root, minors: Iterable[int] | None = None) -> list[_Placement]:
+def _mig_placements(
+    proc: Root, minors: Iterable[int] | None = None, warnings: list[str] | None = None
+) -> list[_Placement]:
     """The GPU and compute instance folders under ``capabilities``, each GPU instance
     followed by its compute instances, in the order of their numbers.
 
     Only names the driver can make are taken (``migfs``: 32 GPUs, 15 GPU instances,
     8 compute instances each), which bounds the answer to 4 320 entries and the
     listings to one per GPU and GPU instance, whatever else a tree holds.
-    ``minors``: only those GPUs' folders (default: every ``gpu<M>`` there is).
+    ``minors``: only those GPUs' folders (default: every ``gpu<M>`` there is). A
+    folder that cannot be listed counts as empty (and is a warning when
+    ``warnings`` is given): the fingerprint must not fail where discovery would not.
     """
+
+    def names(path: str) -> list[str]:
+        try:
+            return proc.listdir(path)
+        except DiscoveryError as exc:
+            if warnings is not None:
+                warnings.append(f"MIG folder skipped: {exc}")
+            return []
+
     if minors is None:
-        found = (migfs.gpu_dir_minor(name) for name in proc.listdir(_CAPS))
+        found = (migfs.gpu_dir_minor(name) for name in names(_CAPS))
         minors = [m for m in found if m is not None]
     out: list[_Placement] = []
     for minor in sorted({m for m in minors if 0 <= m <= migfs.MAX_GPU_MINOR}):
-        gis = (migfs.gpu_instance_id(name) for name in proc.listdir(f"{_CAPS}/gpu{minor}/mig"))
+        gis = (migfs.gpu_instance_id(name) for name in names(f"{_CAPS}/gpu{minor}/mig"))
         for gi in sorted(g for g in gis if g is not None):
             out.append((minor, gi, None))
-            cis = (migfs.compute_instance_id(name) for name in proc.listdir(f"{_CAPS}/gpu{minor}/mig/gi{gi}"))
+            cis = (migfs.compute_instance_id(name) for name in names(f"{_CAPS}/gpu{minor}/mig/gi{gi}"))
             out += [(minor, gi, ci) for ci in sorted(c for c in cis if c is not None)]
     return out
 
@@ -181,7 +194,7 @@ def _mig(proc: Root, caps_major: int | None, gpus: tuple[Gpu, ...], warnings: li
     config = _cap(proc, f"{_CAPS}/mig/config", warnings)
     monitor = _cap(proc, f"{_CAPS}/mig/monitor", warnings)
     instances: list[GpuInstance] = []
-    for placement in _mig_placements(proc, [g.minor for g in gpus]):
+    for placement in _mig_placements(proc, [g.minor for g in gpus], warnings):
         minor, gi, ci = placement
         parent = instances[-1] if instances else None
         if ci is not None and (parent is None or (parent.gpu_minor, parent.gi) != (minor, gi)):

@@ -365,6 +365,7 @@ def test_a_discovery_that_failed_is_tried_again_at_the_next_check(tmp_path: Path
 # with three compute instances. GPU 1 (minor 3) is in MIG mode with no instances.
 
 from engine import migfs  # noqa: E402
+from engine.errors import DiscoveryError  # noqa: E402
 from engine.model import MigCap, MigLayout  # noqa: E402
 from engine.root import Root  # noqa: E402
 from tests.testbed.gpunode import cap_minor, reconfigure_mig  # noqa: E402
@@ -526,6 +527,24 @@ def test_only_names_the_driver_can_make_are_read(tmp_path: Path, monkeypatch: py
     # The fingerprint lists every gpu<M> the driver can make (minor 7 too), nothing beyond.
     assert "gpu7/mig/gi0" in fingerprint(config_for(node))[2]
     assert not [p for p in fingerprint(config_for(node))[2] if "gi15" in p or "ci8" in p or "gpu32" in p]
+
+
+def test_a_folder_that_cannot_be_listed_is_a_warning_not_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = mig_node(tmp_path)
+    original = Root.listdir
+
+    def listdir(self: Root, node_path: str) -> list[str]:
+        if node_path.endswith("/gpu2/mig/gi2") or node_path.endswith("/capabilities"):
+            raise DiscoveryError(f"cannot list {node_path} under {self.path}: Permission denied")
+        return original(self, node_path)
+
+    monkeypatch.setattr(Root, "listdir", listdir)
+    inv = discover(config_for(node), cuda_version=no_cuda)
+    assert [p[:3] for p in placements(inv.mig)][:2] == [(2, 2, None), (2, 3, None)]  # gi2 without its CIs
+    assert inv.warnings == (f"MIG folder skipped: cannot list /{CAPS}/gpu2/mig/gi2 under {node.proc_root}: Permission denied",)
+    assert fingerprint(config_for(node))[2] == ()  # the capabilities folder itself: nothing listed, no error
 
 
 def test_instances_without_a_caps_major_are_a_warning(tmp_path: Path) -> None:
