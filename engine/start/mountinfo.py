@@ -6,19 +6,17 @@ container's root. The trusted ldconfig runs with every procfs mount of the
 container covered, so it cannot reach one even through a symlink the image
 planted.
 
-Whether the namespace shows nri-gpu's ``/proc/driver`` view: the plugin reads
-that from the host, without entering the container, to find containers whose
-start work was cut short.
+``VIEW_SOURCE`` is the name mountinfo shows for the start work's
+``/proc/driver`` view (its tmpfs's "device").
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["VIEW_SOURCE", "has_driver_view", "proc_mount_points"]
+__all__ = ["VIEW_SOURCE", "proc_mount_points"]
 
 VIEW_SOURCE = "nri-gpu"  # the "device" name of the view's tmpfs, as mountinfo shows it
-_VIEW_UNDER = "/proc/driver"
 _ESCAPE = re.compile(r"\\([0-7]{3})")
 
 
@@ -42,23 +40,6 @@ def _mounts(text: str) -> list[tuple[str, str, str]]:
             raise ValueError(f"mountinfo: malformed line {line!r}")
         out.append((_unescape(fields[4]), tail[0], _unescape(tail[1]) if len(tail) > 1 else ""))
     return out
-
-
-def has_driver_view(text: str) -> bool:
-    """Whether a ``tmpfs`` named ``nri-gpu`` is mounted at ``/proc/driver`` or below.
-
-    >>> has_driver_view("1 0 0:1 / / rw - overlay o rw\\n2 1 0:2 / /proc rw - proc proc rw\\n"
-    ...                 "3 2 0:3 / /proc/driver/nvidia ro - tmpfs nri-gpu ro\\n")
-    True
-    >>> has_driver_view("2 1 0:2 / /proc rw - proc proc rw\\n3 2 0:3 / /proc/driver ro - tmpfs other ro\\n")
-    False
-
-    Raises ``ValueError`` naming a line that is not in mountinfo's format.
-    """
-    return any(
-        kind == "tmpfs" and source == VIEW_SOURCE and (point == _VIEW_UNDER or point.startswith(_VIEW_UNDER + "/"))
-        for point, kind, source in _mounts(text)
-    )
 
 
 def proc_mount_points(text: str) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""procfs mount points, and nri-gpu's /proc/driver view, from a mountinfo file."""
+"""procfs mount points from a mountinfo file; the host-side check for nri-gpu's /proc/driver view."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.start.mountinfo import has_driver_view, proc_mount_points
+from engine.start.mountinfo import proc_mount_points
 from engine.start.procview import MARKER, marker_text
 from engine.start.runner import shows_driver_view
 
@@ -38,28 +38,6 @@ def test_no_procfs_at_all() -> None:
 def test_a_malformed_line_is_named() -> None:
     with pytest.raises(ValueError, match="malformed line 'garbage'"):
         proc_mount_points("garbage\n")
-
-
-# What the start work adds to RUNC on a real node (procview: a tmpfs over
-# /proc/driver/nvidia, the kept GPUs' directories bound from procfs below it).
-VIEW = (
-    "95 70 0:60 / /proc/driver/nvidia ro,nosuid,nodev,noexec - tmpfs nri-gpu ro,size=4096k\n"
-    "96 95 0:48 /driver/nvidia/gpus/0000:07:00.0 /proc/driver/nvidia/gpus/0000:07:00.0 ro - proc proc rw\n"
-)
-
-
-def test_the_view_is_found_where_the_start_work_puts_it() -> None:
-    assert has_driver_view(RUNC + VIEW)
-    # A simulated node: the view covers all of /proc/driver.
-    assert has_driver_view(RUNC + "95 70 0:60 / /proc/driver ro - tmpfs nri-gpu ro\n")
-    assert not has_driver_view(RUNC)
-
-
-def test_only_our_tmpfs_under_proc_driver_counts() -> None:
-    assert not has_driver_view(RUNC + "95 70 0:60 / /proc/driver/nvidia ro - tmpfs tmpfs ro\n")
-    assert not has_driver_view(RUNC + "95 69 0:60 / /srv/proc/driver ro - tmpfs nri-gpu ro\n")
-    assert not has_driver_view(RUNC + "95 70 0:60 / /proc/drivers ro - tmpfs nri-gpu ro\n")
-    assert not has_driver_view(RUNC + "95 70 0:60 / /proc/driver/nvidia ro - overlay nri-gpu ro\n")
 
 
 def _fake_pid(proc: Path, pid: int, marker: bytes | None, where: str = "proc/driver/nvidia") -> Path:
