@@ -79,9 +79,16 @@ def parse_cap_file(text: str, *, source: str = "access") -> CapFile:
     return CapFile(minor=numbers["DeviceFileMinor"], mode=mode)
 
 
-_GPU_DIR = re.compile(r"gpu(0|[1-9][0-9]?)", re.ASCII)
-_GI_DIR = re.compile(r"gi(0|[1-9][0-9]?)", re.ASCII)
-_CI_DIR = re.compile(r"ci([0-9])", re.ASCII)
+# A folder name: its prefix and a number without leading zeros (two digits at most).
+_FOLDER = re.compile(r"(gpu|gi|ci)(0|[1-9][0-9]?)", re.ASCII)
+
+
+def _folder_number(name: str, prefix: str, maximum: int) -> int | None:
+    """The number of a ``<prefix><N>`` folder name when ``N`` is at most ``maximum``; else None."""
+    found = _FOLDER.fullmatch(name)
+    if found is None or found.group(1) != prefix or int(found.group(2)) > maximum:
+        return None
+    return int(found.group(2))
 
 
 def gpu_dir_minor(name: str) -> int | None:
@@ -90,10 +97,7 @@ def gpu_dir_minor(name: str) -> int | None:
     >>> [gpu_dir_minor(n) for n in ("gpu0", "gpu31", "gpu32", "gpu01", "mig", "fabric-imex-mgmt")]
     [0, 31, None, None, None, None]
     """
-    found = _GPU_DIR.fullmatch(name)
-    if found is None or int(found.group(1)) > MAX_GPU_MINOR:
-        return None
-    return int(found.group(1))
+    return _folder_number(name, "gpu", MAX_GPU_MINOR)
 
 
 def gpu_instance_id(name: str) -> int | None:
@@ -102,22 +106,16 @@ def gpu_instance_id(name: str) -> int | None:
     >>> [gpu_instance_id(n) for n in ("gi0", "gi14", "gi15", "gi02", "access", "ci0")]
     [0, 14, None, None, None, None]
     """
-    found = _GI_DIR.fullmatch(name)
-    if found is None or int(found.group(1)) > MAX_GPU_INSTANCE:
-        return None
-    return int(found.group(1))
+    return _folder_number(name, "gi", MAX_GPU_INSTANCE)
 
 
 def compute_instance_id(name: str) -> int | None:
     """The compute instance id of a ``ci<C>`` folder; None for any other name.
 
-    >>> [compute_instance_id(n) for n in ("ci0", "ci7", "ci8", "ci00", "access")]
-    [0, 7, None, None, None]
+    >>> [compute_instance_id(n) for n in ("ci0", "ci7", "ci8", "ci00", "ci10", "access")]
+    [0, 7, None, None, None, None]
     """
-    found = _CI_DIR.fullmatch(name)
-    if found is None or int(found.group(1)) > MAX_COMPUTE_INSTANCE:
-        return None
-    return int(found.group(1))
+    return _folder_number(name, "ci", MAX_COMPUTE_INSTANCE)
 
 
 def expected_minor(gpu_minor: int, gi: int, ci: int | None = None) -> int:
