@@ -75,7 +75,7 @@ BINARIES: dict[str, frozenset[Capability]] = {
 
 # IPC endpoints of daemons on the node: (path, what it must be, capabilities). Mounted
 # read-only, nosuid, nodev, noexec (a client connects through a read-only mount), and
-# only when nothing but root can change the path (``Root.root_only_entry``).
+# only when nothing but root can change the path (``Root.root_only_stat``).
 MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"  # in /tmp: handed out only when configured (engine.mps)
 IPC: tuple[tuple[str, EntryType, frozenset[Capability]], ...] = (
     ("/run/nvidia-persistenced/socket", EntryType.SOCKET, frozenset({C.UTILITY})),

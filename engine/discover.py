@@ -318,7 +318,7 @@ def _ipc(driver: Root, mps: bool, warnings: list[str]) -> tuple[DriverFile, ...]
         if path == catalogue.MPS_PIPE_DIRECTORY and not mps:
             continue
         try:
-            if driver.root_only_entry(path, expected):
+            if driver.root_only_stat(path, expected) is not None:
                 files.append(DriverFile(path, path, FileKind.IPC, caps))
         except DiscoveryError as exc:
             warnings.append(f"IPC endpoint {path} skipped: {exc}")

@@ -140,17 +140,11 @@ class Root:
         except OSError as exc:
             raise DiscoveryError(f"cannot list {node_path} under {self.path}: {exc.strerror}") from exc
 
-    def root_only_entry(self, node_path: str, expected: EntryType) -> bool:
-        """Whether ``node_path`` is, without following any link, an ``expected`` entry
-        that only root can change: False if it is absent; DiscoveryError, naming the
-        component and why, if it is there but not safe to hand to a container
-        (``root_only_stat`` says which inode it is).
-        """
-        return self.root_only_stat(node_path, expected) is not None
-
     def root_only_stat(self, node_path: str, expected: EntryType) -> os.stat_result | None:
-        """The ``fstat`` of the entry ``root_only_entry`` accepts, None if it is absent;
-        DiscoveryError as there. The inode is the one the walk held, so a caller can
+        """The ``fstat`` of ``node_path`` if it is, without following any link, an
+        ``expected`` entry that only root can change; None if it is absent;
+        DiscoveryError, naming the component and why, if it is there but not safe to
+        hand to a container. The inode is the one the walk held, so a caller can
         compare it with what a bind mount of the path gave a container.
 
         The runtime binds the path again, following links, at every container start,

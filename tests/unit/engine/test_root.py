@@ -101,7 +101,7 @@ root, where = sys.argv[1:]
 # reports for its root: whatever its owner likes, here root's 0755.
 subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755,uid=0,gid=0", "bait", where], check=True)
 try:
-    print("taken" if Root(root).root_only_entry("/tmp/nvidia-mps", EntryType.DIRECTORY) else "absent")
+    print("taken" if Root(root).root_only_stat("/tmp/nvidia-mps", EntryType.DIRECTORY) is not None else "absent")
 except DiscoveryError as exc:
     print("refused:", exc)
 """
