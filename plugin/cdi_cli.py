@@ -21,9 +21,9 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from engine.cdi import cdi_spec, hook_command
@@ -33,6 +33,7 @@ from engine.errors import EngineError
 from engine.hook import HOOK_TIME_LIMIT, STATE_LIMIT, run_hook, time_limit, work_timeout
 from engine.model import Capability
 from engine.request import parse_capabilities
+from plugin.config_files import FileRefused, Folder
 from plugin.hook_install import check_install
 
 COMMANDS = ("cdi", "hook")
@@ -125,8 +126,15 @@ def generate(args: argparse.Namespace, engine: EngineConfig, argv0: str) -> int:
     if args.output is None:
         sys.stdout.write(text)
         return 0
+    # Written whole and renamed over the name: a runtime watching the spec
+    # directory never reads half a spec.
+    output = Path(args.output)
     try:
-        _write_atomically(args.output, text.encode())
+        with Folder(output.parent) as folder:
+            folder.write(output.name, text.encode())
+    except FileRefused as exc:
+        print(f"nri-gpu: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"nri-gpu: {args.output}: {exc.strerror}", file=sys.stderr)
         return 1
@@ -157,22 +165,6 @@ def _hook_is_trusted(hook_path: str, allow: bool) -> bool:
         ]
     print("\n".join(lines), file=sys.stderr)
     return allow
-
-
-def _write_atomically(path: str, data: bytes) -> None:
-    """A runtime watching the spec directory never reads half a spec."""
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, temp = tempfile.mkstemp(prefix=".nri-gpu-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), 0o644)
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        os.unlink(temp)
-        raise
 
 
 def start_container(args: argparse.Namespace, engine: EngineConfig, stdin: Any) -> int:

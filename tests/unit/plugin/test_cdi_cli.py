@@ -136,3 +136,13 @@ def test_hook_time_limit_must_be_sensible(node: SimNode, capsys: pytest.CaptureF
             main(["hook", "start-container", "--capabilities", "compute", "--time-limit", value])
         assert exc.value.code == 2
         assert "is not a number of seconds" in capsys.readouterr().err
+
+
+def test_generate_into_a_missing_folder_is_refused_by_name(
+    node: SimNode, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cdi" / "nvidia.json"
+    argv = ["cdi", "generate", *node.flags(), "--hook-path", "/x/nri-gpu", "--output", str(out), *UNCHECKED]
+    assert main(argv) == 1
+    assert f"nri-gpu: {out.parent}: no such folder" in capsys.readouterr().err
+    assert not out.parent.exists()
