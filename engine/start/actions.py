@@ -297,16 +297,22 @@ def _host_source(work: StartWork) -> procview.Source:
         os.close(tree)
 
 
-def _trusted(proc: int, path: str) -> ldconfig.Trusted:
-    binary = ldconfig.open_trusted(path)
-    with open(
-        os.open("mountinfo", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=proc), encoding="utf-8", errors="replace"
-    ) as f:
+def _proc_mounts(fd: int, name: str, note: str = "") -> tuple[str, ...]:
+    """The procfs mount points the mountinfo open at ``fd`` (``name`` in messages)
+    lists; closes ``fd``. Refused over ``_MOUNTINFO_LIMIT``: cut short, one could
+    be left uncovered for ldconfig."""
+    with open(fd, encoding="utf-8", errors="replace") as f:
         text = f.read(_MOUNTINFO_LIMIT + 1)
     if len(text) > _MOUNTINFO_LIMIT:
-        # Cut short, a procfs mount could be missed and left uncovered for ldconfig.
-        raise WorkError(f"the container's mountinfo is over {_MOUNTINFO_LIMIT} bytes")
-    points = mountinfo.proc_mount_points(text)
+        raise WorkError(f"{name}: over {_MOUNTINFO_LIMIT} bytes{note}")
+    return mountinfo.proc_mount_points(text)
+
+
+def _trusted(proc: int, path: str) -> ldconfig.Trusted:
+    binary = ldconfig.open_trusted(path)
+    points = _proc_mounts(
+        os.open("mountinfo", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=proc), "the container's mountinfo"
+    )
     own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)  # unreachable once inside
     devnull = os.open("/dev/null", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
     return ldconfig.Trusted(path=path, binary=binary, own_pid_namespace=own, proc_mounts=points, devnull=devnull)
@@ -317,15 +323,12 @@ def _trusted_here(root: RootDir, rootfs: str, path: str) -> ldconfig.Trusted:
     join; the root is ``chroot``ed into; the procfs mounts to cover are those
     under ``rootfs`` in this mount namespace."""
     prefix = os.path.realpath(rootfs).rstrip("/")
-    # The host's mounts as well as the container's, before pivot_root: bounded
-    # like a container's; cut short, a procfs mount could be left uncovered.
-    with open(
-        os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC), encoding="utf-8", errors="replace"
-    ) as f:
-        text = f.read(_MOUNTINFO_LIMIT + 1)
-    if len(text) > _MOUNTINFO_LIMIT:
-        raise WorkError(f"/proc/self/mountinfo: over {_MOUNTINFO_LIMIT} bytes (the host's mounts and the container's)")
-    points = mountinfo.proc_mount_points(text)
+    # The host's mounts as well as the container's, before pivot_root: bounded like a container's.
+    points = _proc_mounts(
+        os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC),
+        "/proc/self/mountinfo",
+        " (the host's mounts and the container's)",
+    )
     binary = ldconfig.open_trusted(path)
     inside = tuple(point[len(prefix) :] for point in points if point.startswith(prefix + "/"))
     devnull = os.open("/dev/null", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
