@@ -20,7 +20,7 @@ from engine.errors import EngineError, StartError, UnknownDeviceError
 from engine.model import DriverFile, Inventory, Plan
 from engine.plan import ipc_in_mounts
 from engine.plan import plan as make_plan
-from engine.request import parse_request
+from engine.request import GpuRequest, parse_request
 from engine.start.runner import find_init_pid, run_start_async, shows_driver_view
 from engine.start.work import start_work
 from plugin import budget
@@ -72,30 +72,8 @@ class GpuPlugin:
         A GPU the inventory lacks may be one a refresh in flight (new driver,
         hot plug) is about to add: that waits for it, at most ``share`` of the
         time the runtime still gives the request, then plans again or refuses.
+        The request is parsed and the IPC endpoints walked once either way.
         """
-        inventory = self._inventory.current()
-        try:
-            return self._plan_on(inventory, pod, container, steps)
-        except PluginError as exc:
-            if not isinstance(exc.__cause__, UnknownDeviceError):
-                raise
-            missing = exc
-        began = time.perf_counter()
-        newer = await self._inventory.newer(budget.left() * share)
-        if steps is not None:
-            steps["inventory_wait"] = (time.perf_counter() - began) * 1000
-        if newer is None:
-            raise PluginError(
-                f"{missing}; the node's inventory is being taken again (the driver state changed) and was not "
-                "ready in time; try again"
-            ) from missing.__cause__
-        if newer is inventory:
-            raise missing
-        return self._plan_on(newer, pod, container, steps)
-
-    def _plan_on(
-        self, inventory: Inventory, pod: api.PodSandbox, container: api.Container, steps: dict[str, float] | None
-    ) -> Plan | None:
         try:
             began = time.perf_counter()
             outcome = parse_request(container_info(pod, container), self._config.policy)
@@ -104,17 +82,38 @@ class GpuPlugin:
                 logger.info("%s: %s", describe(pod, container), note)
             if outcome.request is None:
                 return None
-            if self._metrics is not None:
-                self._metrics.inventory_gpus.set(len(inventory.gpus))
-            result = make_plan(outcome.request, inventory, self._config, ipc=self._ipc_now())
+            request, ipc = outcome.request, self._ipc_now()
+            inventory = self._inventory.current()
+            waited = 0.0
+            try:
+                result = self._plan_on(request, inventory, ipc)
+            except UnknownDeviceError as missing:
+                waiting = time.perf_counter()
+                newer = await self._inventory.newer(budget.left() * share)
+                waited = time.perf_counter() - waiting
+                if steps is not None:
+                    steps["inventory_wait"] = waited * 1000
+                if newer is None:
+                    raise PluginError(
+                        f"{missing}; the node's inventory is being taken again (the driver state changed) and was "
+                        "not ready in time; try again"
+                    ) from missing
+                if newer is inventory:
+                    raise
+                result = self._plan_on(request, newer, ipc)
             if steps is not None:
                 steps["request"] = (parsed - began) * 1000
-                steps["plan"] = (time.perf_counter() - parsed) * 1000
+                steps["plan"] = (time.perf_counter() - parsed - waited) * 1000
         except EngineError as exc:
             raise PluginError(str(exc)) from exc
         for note in result.notes:
             logger.info("%s: %s", describe(pod, container), note)
         return result
+
+    def _plan_on(self, request: GpuRequest, inventory: Inventory, ipc: tuple[DriverFile, ...]) -> Plan:
+        if self._metrics is not None:
+            self._metrics.inventory_gpus.set(len(inventory.gpus))
+        return make_plan(request, inventory, self._config, ipc=ipc)
 
     def _ipc_now(self) -> tuple[DriverFile, ...]:
         """The IPC endpoints as they are now (``current_ipc``, tens of microseconds);
