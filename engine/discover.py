@@ -97,7 +97,9 @@ def discover(config: EngineConfig, *, cuda_version: CudaVersionReader = read_cud
             if not dev.exists(f"/dev/nvidia{gpu.minor}"):
                 warnings.append(f"GPU {gpu.index} ({gpu.bus_id}): {dev.host_path(f'/dev/nvidia{gpu.minor}')} missing")
     libraries = _libraries(driver, version, warnings)
-    files = _binaries(driver) + _firmware(driver, version) + _ipc(driver, config.mps, warnings)
+    ipc, ipc_warnings = current_ipc(config)
+    warnings += ipc_warnings
+    files = _binaries(driver) + _firmware(driver, version) + ipc
     cuda = _cuda_version(driver, libraries, cuda_version, warnings)
     mig = _mig(proc, majors.get("nvidia-caps"), gpus, warnings)
     for warning in warnings:
@@ -299,30 +301,25 @@ def current_ipc(config: EngineConfig) -> tuple[tuple[DriverFile, ...], tuple[str
     folder is gone any local account may put a link to ``/`` in its place. So a
     GPU container's plan takes the endpoints from this, at its CreateContainer: one
     ``O_PATH`` walk per catalogue entry (about 40 microseconds for all three).
-    """
-    warnings: list[str] = []
-    files = _ipc(Root(config.driver_root), config.mps, warnings)
-    return files, tuple(warnings)
-
-
-def _ipc(driver: Root, mps: bool, warnings: list[str]) -> tuple[DriverFile, ...]:
-    """Daemons' sockets and the MPS pipe folder, as they are: never through a link.
+    Discovery takes them from here too.
 
     ``/tmp`` and ``/run`` are where any local account can plant a link to ``/`` or a
     folder of its own, which every GPU container would then get. The source is the
     path itself (no link resolved), and only an entry no one but root can change is
     taken; anything else there is skipped with a warning that says why.
     """
+    driver = Root(config.driver_root)
+    warnings: list[str] = []
     files = []
     for path, expected, caps in catalogue.IPC:
-        if path == catalogue.MPS_PIPE_DIRECTORY and not mps:
+        if path == catalogue.MPS_PIPE_DIRECTORY and not config.mps:
             continue
         try:
             if driver.root_only_stat(path, expected) is not None:
                 files.append(DriverFile(path, path, FileKind.IPC, caps))
         except DiscoveryError as exc:
             warnings.append(f"IPC endpoint {path} skipped: {exc}")
-    return tuple(files)
+    return tuple(files), tuple(warnings)
 
 
 def _cuda_version(
