@@ -198,6 +198,8 @@ class GpuPlugin:
         kept = self._pending.pop(container.id, None)
         try:
             plan = kept or await self._replan(pod, container)
+            if plan is None:
+                return
             # The IPC endpoints to compare with the host's: what the container was
             # given. A plan made again now may list others (a daemon gone or started
             # since its creation); the container's own mounts say what it got.
@@ -208,8 +210,6 @@ class GpuPlugin:
         except EngineError as exc:  # a mount source outside engine.host_root
             self._log_start_refusal(pod, container, began, str(exc), exc)
             raise PluginError(str(exc)) from exc
-        if plan is None:
-            return
         ipc = mounted if kept is None else tuple(sorted({*plan.ipc, *mounted}))
         steps: dict[str, float] = {}
         try:
