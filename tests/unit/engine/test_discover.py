@@ -255,16 +255,6 @@ HOSTILE_MPS = {
 }
 
 
-@pytest.mark.parametrize("case", list(HOSTILE_MPS))
-def test_a_planted_mps_directory_is_skipped_with_a_warning(ipc_node: SimNode, case: str) -> None:
-    plant, why = HOSTILE_MPS[case]
-    plant(ipc_node.driver_root)
-    files, warnings = _ipc(ipc_node, mps=True)
-    assert MPS not in files and "/" not in files.values()
-    assert len(warnings) == 1, warnings
-    assert ipc_node.driver_root.as_posix() + "/tmp" in warnings[0] and why in warnings[0], warnings
-
-
 def _fifo(root: Path) -> None:
     os.mkfifo(root / PERSISTENCED.lstrip("/"))
 
@@ -314,14 +304,23 @@ HOSTILE_SOCKET = {
 }
 
 
-@pytest.mark.parametrize("case", list(HOSTILE_SOCKET))
-def test_a_planted_socket_is_skipped_with_a_warning(ipc_node: SimNode, case: str) -> None:
-    plant, why = HOSTILE_SOCKET[case]
+HOSTILE_IPC = {
+    **{f"mps-{case}": (MPS, "/tmp", plant, why) for case, (plant, why) in HOSTILE_MPS.items()},
+    **{
+        f"socket-{case}": (PERSISTENCED, "/run/nvidia-persistenced", plant, why)
+        for case, (plant, why) in HOSTILE_SOCKET.items()
+    },
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE_IPC))
+def test_a_planted_ipc_endpoint_is_skipped_with_a_warning(ipc_node: SimNode, case: str) -> None:
+    endpoint, shown, plant, why = HOSTILE_IPC[case]
     plant(ipc_node.driver_root)
     files, warnings = _ipc(ipc_node, mps=True)
-    assert PERSISTENCED not in files
+    assert endpoint not in files and "/" not in files.values()
     assert len(warnings) == 1, warnings
-    assert ipc_node.driver_root.as_posix() + "/run/nvidia-persistenced" in warnings[0] and why in warnings[0], warnings
+    assert ipc_node.driver_root.as_posix() + shown in warnings[0] and why in warnings[0], warnings
 
 
 # -- InventoryCache, refreshed off the event loop (plugin.inventory) ---------------------------
