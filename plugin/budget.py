@@ -70,11 +70,11 @@ def deadline_scope(deadline: float) -> Iterator[None]:
         _deadline.reset(token)
 
 
-def left(default: float = DEFAULT_REQUEST) -> float:
+def left() -> float:
     """Seconds until the current request's deadline, less ``REPLY_MARGIN`` (never
-    below 0); ``default`` less the margin outside a request (a test calling a
-    handler directly). Call from the event loop's thread."""
+    below 0); NRI's default request timeout less the margin outside a request (a
+    test calling a handler directly). Call from the event loop's thread."""
     deadline = _deadline.get()
     if deadline is None:
-        return max(0.0, default - REPLY_MARGIN)
+        return DEFAULT_REQUEST - REPLY_MARGIN
     return max(0.0, deadline - asyncio.get_running_loop().time() - REPLY_MARGIN)
