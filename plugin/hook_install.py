@@ -16,7 +16,8 @@ anyone but root can change:
 "Anyone but root can change" means: not owned by uid 0, or writable by its
 group or by others. A directory on the way may be writable by others if it is
 sticky and root-owned (``/tmp``): no one else can then replace an entry of
-root's, so a link there must be root's too (its owner may repoint it). A
+root's, so a link there must be root's too (its owner may repoint it), and no
+entry there may be a mount point (a user's FUSE mount reports any owner). A
 directory imported from may not: anyone could add a module to it.
 
 The interpreter is asked where it imports from, in two steps, so that nothing
@@ -110,6 +111,13 @@ def _resolve(path: str, problems: list[str], *, missing_ok: bool = False) -> tup
             return None
         except OSError as exc:
             problems.append(f"{candidate} cannot be checked: {exc.strerror}")
+            return None
+        if info.st_mode & stat.S_ISVTX and entry.st_dev != info.st_dev:
+            # Anyone may mount a FUSE file system on a folder of theirs in /tmp:
+            # every owner and mode below it is theirs to report (as engine.root).
+            problems.append(
+                f"{candidate} is a mount point in a sticky folder (its owner and mode are the mount's word)"
+            )
             return None
         if stat.S_ISLNK(entry.st_mode):
             if entry.st_uid != 0 and info.st_mode & 0o022:

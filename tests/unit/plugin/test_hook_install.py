@@ -243,3 +243,36 @@ def test_a_venv_whose_home_is_a_users_python_is_refused_before_it_runs(tmp_path:
     problems = check_install(str(hook))
     assert not marker.exists(), "the user's standard library ran as root"
     assert f"{user} is owned by uid 1000, not root" in problems
+
+
+_MOUNTED_ENTRY = """
+import os, subprocess, sys
+from plugin.hook_install import check_file
+where = sys.argv[1]
+# What a FUSE file system alice mounts on a folder of hers (user_allow_other)
+# reports: whatever she likes, here root's 0755 for its root and for every file.
+subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755,uid=0,gid=0", "bait", where], check=True)
+with open(os.path.join(where, "nri-gpu"), "w") as f:
+    f.write("#!/bin/sh\\n")
+os.chmod(os.path.join(where, "nri-gpu"), 0o755)
+print(check_file(os.path.join(where, "nri-gpu")))
+"""
+
+
+def test_a_mount_on_an_entry_of_a_sticky_folder_is_refused(tmp_path: Path) -> None:
+    """In ``/tmp`` alice may make a folder and mount a FUSE file system of hers on
+    it: its root and files then say they are root's, and their content is hers at
+    every read. A mount on an entry of a sticky folder is refused, as
+    ``engine.root`` refuses it: the owner its ``lstat`` shows is the mount's word."""
+    (tmp_path / "tmp/alice").mkdir(parents=True)
+    os.chmod(tmp_path / "tmp", 0o1777)
+    os.chown(tmp_path / "tmp/alice", USER, USER)
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", _MOUNTED_ENTRY,
+         str(tmp_path / "tmp/alice")],
+        capture_output=True, text=True, timeout=30, cwd=Path(__file__).parents[3],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == repr(
+        [f"{tmp_path}/tmp/alice is a mount point in a sticky folder (its owner and mode are the mount's word)"]
+    ), done.stdout
