@@ -463,6 +463,27 @@ def test_an_ipc_endpoint_replaced_after_discovery_is_left_out_at_create_containe
     assert any(f"IPC endpoint {MPS} skipped" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
 
 
+def test_an_ipc_endpoint_change_is_logged_once_not_at_every_container(
+    ipc_node: SimNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The endpoints are walked at every GPU container's CreateContainer; a change is
+    said once, and containers created after it add no line of their own."""
+    plugin = _mps_plugin(ipc_node, [])
+    _link_to_root(ipc_node.driver_root)
+
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
+        for name in ("a", "b", "c"):
+            await rt.create_container(pod("train", "ml", annotations={"nvidia.com/gpus": "0"}), container(name))
+
+    with caplog.at_level("INFO", logger="plugin.handlers"):
+        asyncio.run(connected(plugin, body))
+    said = [r.getMessage() for r in caplog.records]
+    assert sum(f"IPC endpoint {MPS} skipped" in m for m in said) == 1, said
+    assert [m for m in said if m.startswith("host IPC mounts")] == [
+        f"host IPC mounts for GPU containers from now on: {PERSISTENCED}"
+    ]
+
+
 def test_a_socket_removed_after_discovery_is_left_out_and_the_container_starts(ipc_node: SimNode) -> None:
     """A stopped persistenced takes its socket along. (Before: the plan still named it,
     and runc failed every GPU container on the missing bind source.)"""
