@@ -144,23 +144,20 @@ def _resolve(path: str, problems: list[str], *, missing_ok: bool = False) -> tup
 
 def check_file(path: str) -> list[str]:
     """Problems with running ``path``: it, and every directory on the way to it."""
+    return _check(path, regular=True)
+
+
+def _check(path: str, *, regular: bool) -> list[str]:
+    """Problems with ``path`` itself (a regular file if ``regular``; not a
+    folder's contents) and every directory on the way to it."""
     problems: list[str] = []
     found = _resolve(path, problems)
     if found is not None:
         real, info = found
-        if not stat.S_ISREG(info.st_mode):
+        if regular and not stat.S_ISREG(info.st_mode):
             problems.append(f"{real} is not a regular file")
         elif problem := _owner_problem(real, info, sticky_ok=False):
             problems.append(problem)
-    return problems
-
-
-def _check_folder(path: str) -> list[str]:
-    """Problems with the folder ``path`` itself and the way to it (not its contents)."""
-    problems: list[str] = []
-    found = _resolve(path, problems)
-    if found is not None and (problem := _owner_problem(found[0], found[1], sticky_ok=False)):
-        problems.append(problem)
     return problems
 
 
@@ -258,7 +255,7 @@ def _before_running(interp: str, seen: set[tuple[int, int]]) -> list[str]:
     configs, prefixes = _prefixes(interp)
     problems = [p for c in configs for p in check_file(c)]
     for prefix in prefixes:
-        problems += _check_folder(prefix) if os.path.isdir(prefix) else []
+        problems += _check(prefix, regular=False) if os.path.isdir(prefix) else []
         for lib in sorted(glob.glob(os.path.join(glob.escape(prefix), "lib", "python3*"))):
             problems += check_tree(lib, seen=seen)
         for shared in sorted(glob.glob(os.path.join(glob.escape(prefix), "lib", "libpython3*"))):
