@@ -5,18 +5,14 @@ Which mounts are procfs: procfs is where magic links live (``/proc/<n>/root``,
 container's root. The trusted ldconfig runs with every procfs mount of the
 container covered, so it cannot reach one even through a symlink the image
 planted.
-
-``VIEW_SOURCE`` is the name mountinfo shows for the start work's
-``/proc/driver`` view (its tmpfs's "device").
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["VIEW_SOURCE", "proc_mount_points"]
+__all__ = ["proc_mount_points"]
 
-VIEW_SOURCE = "nri-gpu"  # the "device" name of the view's tmpfs, as mountinfo shows it
 _ESCAPE = re.compile(r"\\([0-7]{3})")
 
 

@@ -39,12 +39,12 @@ from dataclasses import dataclass
 
 from engine.procfs import params_with_device_modification_disabled
 from engine.start import syscalls
-from engine.start.mountinfo import VIEW_SOURCE
 from engine.start.rootdir import RootDir, describe, read_regular
 from engine.start.work import WorkError
 
 __all__ = ["MARKER", "Source", "isolate", "marker_text", "take"]
 
+_SOURCE = "nri-gpu"  # the "device" name of the view's tmpfs, as mountinfo shows it
 MARKER = ".nri-gpu-view"  # at the view's root; procfs itself can never hold such a file
 _UNFINISHED = b"nri-gpu procfs view 1\nunfinished\n"
 _COPIED = ("version", "registry")
@@ -195,7 +195,7 @@ def _clone_gpus(source: int, bus_ids: tuple[str, ...]) -> dict[str, int]:
 
 
 def _new_tmpfs() -> int:
-    return syscalls.new_tmpfs((("source", VIEW_SOURCE), ("mode", "0555"), ("size", "4m"), ("nr_inodes", "4096")))
+    return syscalls.new_tmpfs((("source", _SOURCE), ("mode", "0555"), ("size", "4m"), ("nr_inodes", "4096")))
 
 
 def _build(
