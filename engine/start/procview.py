@@ -42,11 +42,12 @@ from engine.start import syscalls
 from engine.start.rootdir import RootDir, describe, read_regular
 from engine.start.work import WorkError
 
-__all__ = ["MARKER", "Source", "isolate", "marker_text", "take"]
+__all__ = ["MARKER", "Source", "is_finished", "isolate", "marker_text", "take"]
 
 _SOURCE = "nri-gpu"  # the "device" name of the view's tmpfs, as mountinfo shows it
 MARKER = ".nri-gpu-view"  # at the view's root; procfs itself can never hold such a file
-_UNFINISHED = b"nri-gpu procfs view 1\nunfinished\n"
+_HEADER = b"nri-gpu procfs view 1\n"
+_UNFINISHED = _HEADER + b"unfinished\n"
 _COPIED = ("version", "registry")
 _LIMIT = 1 << 20
 _NOFOLLOW = syscalls.RESOLVE_NO_SYMLINKS  # /proc paths: procfs has no plain symlinks on them
@@ -84,7 +85,13 @@ def take(tree: int, bus_ids: tuple[str, ...], *, from_host: bool) -> Source:
 
 def marker_text(bus_ids: tuple[str, ...], from_host: bool) -> bytes:
     """What the marker holds: a second run with the same work keeps the view."""
-    return f"nri-gpu procfs view 1\nsource: {'host' if from_host else 'container'}\nbus ids: {' '.join(bus_ids)}\n".encode()
+    return _HEADER + f"source: {'host' if from_host else 'container'}\nbus ids: {' '.join(bus_ids)}\n".encode()
+
+
+def is_finished(marker: bytes) -> bool:
+    """Whether ``marker`` (a marker file's first bytes) is a finished view's: a
+    worker killed mid-build leaves the unfinished one."""
+    return marker.startswith(_HEADER + b"source: ")
 
 
 def isolate(root: RootDir, bus_ids: tuple[str, ...], host: Source | None, *, files: RootDir) -> str:

@@ -167,8 +167,7 @@ def shows_driver_view(pid: int, proc: str = "/proc") -> bool | None:
         for path in _VIEW_MARKERS:
             marker = _read_marker(root, path)
             if marker is not None:
-                # A worker killed mid-build leaves the "unfinished" marker.
-                return marker.startswith(_FINISHED)
+                return procview.is_finished(marker)
         return False
     except OSError:
         return None
@@ -179,7 +178,6 @@ def shows_driver_view(pid: int, proc: str = "/proc") -> bool | None:
 # Where the marker is: on a real node the view covers /proc/driver/nvidia, on a
 # simulated one (no nvidia directory in procfs) all of /proc/driver.
 _VIEW_MARKERS = (f"proc/driver/nvidia/{procview.MARKER}", f"proc/driver/{procview.MARKER}")
-_FINISHED = b"nri-gpu procfs view 1\nsource: "
 _MARKER_LIMIT = 4096
 # In the container's root, and no link of any kind: neither one of the image's
 # nor a /proc magic link may take the lookup out of it.
