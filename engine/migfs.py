@@ -116,16 +116,3 @@ def compute_instance_id(name: str) -> int | None:
     [0, 7, None, None, None, None]
     """
     return _folder_number(name, "ci", MAX_COMPUTE_INSTANCE)
-
-
-def expected_minor(gpu_minor: int, gi: int, ci: int | None = None) -> int:
-    """The minor today's drivers give a GPU or compute instance capability (nv-caps.c
-    table order: nvlink 0, config 1, monitor 2, then 32 GPUs x 15 GIs x (1 + 8)).
-
-    Only a cross-check: the access file is authoritative.
-
-    >>> expected_minor(0, 2), expected_minor(0, 2, 0), expected_minor(1, 2), expected_minor(2, 10, 0)
-    (21, 22, 156, 364)
-    """
-    base = 3 + 135 * gpu_minor + 9 * gi
-    return base if ci is None else base + 1 + ci
