@@ -41,7 +41,7 @@ import stat
 import subprocess
 from collections.abc import Iterable
 
-__all__ = ["check_file", "check_install", "check_tree", "import_dirs"]
+__all__ = ["check_file", "check_imports", "check_install", "check_tree"]
 
 _HOPS = 40  # symlinks followed in one path, as the kernel's limit
 _SHEBANG_LIMIT = 256  # what the kernel reads of a script's #! line
@@ -265,20 +265,20 @@ def _before_running(interp: str, seen: set[tuple[int, int]]) -> list[str]:
     return list(dict.fromkeys(problems))
 
 
-def import_dirs(interp: str) -> tuple[list[str], list[str]]:
-    """(directories, problems): where ``interp`` imports the hook from, each checked.
+def check_imports(interp: str) -> list[str]:
+    """Problems with where ``interp`` imports the hook from, each folder checked.
 
     Raises ValueError when ``interp`` cannot be asked (not Python, or it failed)."""
     seen: set[tuple[int, int]] = set()
     problems = _before_running(interp, seen)
     if problems:
-        return [], problems  # it would load that at start-up: do not run it at all
+        return problems  # it would load that at start-up: do not run it at all
     base = _query(interp, ("-I", "-S"), _BASE_QUERY)
     dirs = [*_strings(base.get("path")), *_strings(base.get("site"))]
     problems = [p for d in dirs for p in check_tree(d, seen=seen)]
     problems += [p for c in _strings(base.get("configs")) if os.path.lexists(c) for p in check_file(c)]
     if problems:
-        return dirs, problems  # site would run .pth files from there: ask no further
+        return problems  # site would run .pth files from there: ask no further
     full = _query(interp, ("-I",), _FULL_QUERY)
     packages = full.get("packages")
     found = {n: _strings(d) for n, d in packages.items()} if isinstance(packages, dict) else {}
@@ -287,7 +287,7 @@ def import_dirs(interp: str) -> tuple[list[str], list[str]]:
             problems.append(f"{interp} does not import nri-gpu's package {name!r}")
     more = [*_strings(full.get("path")), *(d for ds in found.values() for d in ds)]
     problems += [p for d in more for p in check_tree(d, seen=seen)]
-    return dirs + [d for d in more if d not in dirs], problems
+    return problems
 
 
 def check_install(executable: str) -> list[str]:
@@ -305,7 +305,7 @@ def check_install(executable: str) -> list[str]:
     if problems:
         return [f"{executable}'s interpreter: {p}" for p in problems]
     try:
-        _, problems = import_dirs(interp)
+        problems = check_imports(interp)
     except (ValueError, OSError, subprocess.TimeoutExpired) as exc:
         return [str(exc)]
     return problems[:_MAX_PROBLEMS]
