@@ -64,29 +64,26 @@ class Root:
         parts = [p for p in node_path.split("/") if p and p != "."]
         done: list[str] = []
         hops = 0
+        missing = False
         while parts:
             part = parts.pop(0)
             if part == "..":
                 if done:
                     done.pop()
                 continue
+            if missing:
+                done.append(part)
+                continue
             candidate = "/" + "/".join([*done, part])
             try:
                 target = os.readlink(self.host_path(candidate))
             except OSError as exc:
                 done.append(part)
-                if exc.errno == errno.EINVAL:  # not a link
-                    continue
                 # Missing or unreadable: no link left to follow, but the rest still goes
                 # through the same rules. Appended raw, a ".." would survive into a mount
                 # source, and runc would walk it up out of the driver root.
-                for rest in parts:
-                    if rest == "..":
-                        if done:
-                            done.pop()
-                    elif rest and rest != ".":
-                        done.append(rest)
-                break
+                missing = exc.errno != errno.EINVAL  # EINVAL: there, and not a link
+                continue
             hops += 1
             if hops > _MAX_LINKS:
                 raise DiscoveryError(f"too many levels of symbolic links resolving {node_path!r} in {self.path}")
