@@ -59,8 +59,10 @@ def _indented(text: str) -> str:
     return "\n".join("  " + printable(line) for line in text.split("\n"))
 
 
-# Characters JSON lets stand raw in a string that Unicode counts as line breaks.
-_JSON_RAW_SEPARATORS = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+# Control characters JSON lets stand raw in a string (``json.dumps`` escapes only
+# those below U+0020): DEL, the C1 controls (U+0085 a line break, U+009B a
+# terminal's CSI) and the Unicode line and paragraph separators.
+_JSON_RAW_CONTROLS = str.maketrans({chr(c): f"\\u{c:04x}" for c in (*range(0x7F, 0xA0), 0x2028, 0x2029)})
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per record, UTC timestamps with milliseconds."""
@@ -81,7 +83,7 @@ class JsonFormatter(logging.Formatter):
             entry["exception"] = self.formatException(record.exc_info)
         elif record.exc_text:
             entry["exception"] = record.exc_text
-        return json.dumps(entry, default=str, ensure_ascii=False).translate(_JSON_RAW_SEPARATORS)
+        return json.dumps(entry, default=str, ensure_ascii=False).translate(_JSON_RAW_CONTROLS)
 
 
 def make_formatter(log_format: str) -> logging.Formatter:

@@ -174,3 +174,13 @@ def test_json_line_has_no_raw_line_separator_of_any_kind() -> None:
     line = JsonFormatter().format(record(nri_gpu={"pod": sneaky}))
     assert not any(ch in line for ch in "\u2028\u2029\x85\r\n")
     assert json.loads(line)["pod"] == sneaky
+
+
+def test_json_line_has_no_raw_control_character() -> None:
+    """DEL and the C1 controls (U+009B is a terminal's CSI) reach a terminal that
+    shows the log as they are; JSON lets them stand raw, the text format escapes
+    them: the JSON format escapes them too."""
+    sneaky = "del\x7f csi\x9b2J st\x9c"
+    line = JsonFormatter().format(record("refused: %s", (sneaky,), nri_gpu={"pod": sneaky}))
+    assert line.isprintable(), line
+    assert json.loads(line)["pod"] == sneaky and json.loads(line)["message"] == f"refused: {sneaky}"
