@@ -547,3 +547,23 @@ def test_a_malformed_record_is_a_clean_refusal(
     assert {k: v for k, v in files(tmp_path).items() if k != record_path(config).name} == {
         k: v for k, v in installed.items() if k != record_path(config).name
     }
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gives the config to another user: needs root")
+def test_install_and_uninstall_keep_the_configs_mode_and_owner(tmp_path: Path) -> None:
+    # The new file is written as a temporary of ours: it gets the old one's mode
+    # and owner through its descriptor, the backup too, and uninstall's restore as well.
+    config = tmp_path / "config.toml"
+    config.write_text(HAND_WRITTEN)
+    config.chmod(0o640)
+    os.chown(config, 1000, 1001)
+
+    def mode_and_owner(path: Path) -> tuple[int, int, int]:
+        info = path.stat()
+        return info.st_mode & 0o7777, info.st_uid, info.st_gid
+
+    assert cli("install", "--runtime", "containerd", "--config", str(config)) == 0
+    assert mode_and_owner(config) == mode_and_owner(backup_path(config)) == (0o640, 1000, 1001)
+    assert mode_and_owner(record_path(config))[0] == 0o644
+    assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 0
+    assert mode_and_owner(config) == (0o640, 1000, 1001) and config.read_text() == HAND_WRITTEN
