@@ -214,10 +214,7 @@ def from_tables(engine: Mapping[str, Any], policy: Mapping[str, Any]) -> EngineC
     for key, value in engine.items():
         if key not in known:
             raise EngineConfigError(f"engine.{key}: unknown setting (known: {', '.join(known)})")
-        if key == "mps":
-            if not isinstance(value, bool):
-                raise EngineConfigError(f"engine.mps: expected true or false, got {_shown(value)}")
-        elif not isinstance(value, str):
+        if key != "mps" and not isinstance(value, str):  # mps: EngineConfig checks it
             what = "a path string" if key in _ROOT_KEYS else "a string"
             raise EngineConfigError(f"engine.{key}: expected {what}, got {value!r}")
         roots[key] = value
