@@ -19,6 +19,7 @@ import os
 import posixpath
 import stat
 
+from engine.config import is_clean_absolute
 from engine.errors import DiscoveryError
 from engine.model import EntryType
 
@@ -158,9 +159,9 @@ class Root:
         and the entry itself is of the expected type and root's; a directory entry
         is writable by no one else either (its contents reach every container).
         """
-        parts = node_path.split("/")[1:]
-        if not node_path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        if node_path == "/" or not is_clean_absolute(node_path):
             raise DiscoveryError(f"{node_path!r} is not a clean absolute path")
+        parts = node_path.split("/")[1:]
         try:
             fd = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import DiscoveryError
+from engine.model import EntryType
 from engine.root import Root
 
 
@@ -124,3 +125,10 @@ def test_a_mount_on_an_entry_of_a_sticky_folder_is_refused(tmp_path: Path) -> No
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("refused:") and "mount" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("path", ["run/x", "/", "/run/../x", "/run//x", "/run/./x", "/run/x/"])
+def test_root_only_stat_refuses_a_path_that_is_not_clean(tmp_path: Path, path: str) -> None:
+    """The walk takes each component as written: a '..' or empty one would not be the path runc binds."""
+    with pytest.raises(DiscoveryError, match="is not a clean absolute path"):
+        Root(str(tmp_path)).root_only_stat(path, EntryType.SOCKET)
