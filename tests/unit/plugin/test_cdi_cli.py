@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.hook import STATE_LIMIT
 from plugin.__main__ import main
 from tests.testbed.gpunode import SimNode, build_node
 
@@ -110,6 +111,18 @@ def test_hook_names_bad_input(
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(state)))
     assert main(flags) == 1
     assert f"{tmp_path}/config.json: No such file or directory" in capsys.readouterr().err
+
+
+def test_hook_reads_no_more_of_its_state_than_the_limit(
+    node: SimNode, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The OCI state carries the pod's annotations: the hook reads one byte past its
+    # limit and no further, whatever the runtime writes.
+    state = io.BytesIO(b" " * (STATE_LIMIT + (8 << 20)))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(state))
+    assert main(["hook", "start-container", *node.flags(), "--capabilities", "compute"]) == 1
+    assert f"nri-gpu hook: the OCI state on stdin is over {STATE_LIMIT} bytes" in capsys.readouterr().err
+    assert state.tell() == STATE_LIMIT + 1
 
 
 def test_hook_ends_itself_at_its_time_limit(node: SimNode) -> None:
