@@ -13,7 +13,7 @@ from __future__ import annotations
 from engine.model import Plan
 from plugin._proto import nri_pb2 as api
 from plugin.errors import PluginError
-from plugin.request import env_map
+from plugin.request import first_values
 
 # Records what the container was given, for people and tools reading the spec.
 GPUS_ANNOTATION = "nri-gpu.io/gpus"
@@ -37,7 +37,7 @@ def to_adjustment(plan: Plan, container: api.Container) -> api.ContainerAdjustme
                 f"the container already mounts {source} at {mount.destination}, where its GPU driver file goes"
             )
         adjust.mounts.add(destination=mount.destination, type="bind", source=mount.source, options=list(mount.options))
-    env = env_map(container)
+    env = first_values(container, tuple(key for key, _ in plan.env))
     for key, value in plan.env:
         if env.get(key) != value:
             adjust.env.add(key=key, value=value)

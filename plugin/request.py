@@ -49,17 +49,25 @@ def may_request(pod: api.PodSandbox, container: api.Container, policy: Policy) -
     return any(m.destination.startswith(_MARKER_PREFIX) for m in container.mounts)
 
 
-def env_map(container: api.Container) -> dict[str, str]:
-    """The container's ``KEY=VALUE`` list as a dict; the first wins, as getenv(3) sees it."""
-    env: dict[str, str] = {}
+def first_values(container: api.Container, keys: tuple[str, ...]) -> dict[str, str]:
+    """The values of ``keys`` in the container's env as getenv(3) sees them (the
+    first entry wins); one scan that copies nothing else (the env can hold
+    hundreds of thousands of entries within one NRI message)."""
+    found: dict[str, str] = {}
+    if not keys:
+        return found
+    prefixes = tuple(f"{key}=" for key in keys)
     for entry in container.env:
-        key, _, value = entry.partition("=")
-        env.setdefault(key, value)
-    return env
+        if entry.startswith(prefixes):
+            key, _, value = entry.partition("=")
+            found.setdefault(key, value)
+            if len(found) == len(keys):
+                break
+    return found
 
 
 def _request_env(container: api.Container) -> dict[str, str]:
-    """``env_map`` of only the entries a request reads; refuses more than ``MAX_REQUEST_ENV`` of them."""
+    """The entries a request reads, first wins as getenv(3) sees it; refuses more than ``MAX_REQUEST_ENV`` of them."""
     env: dict[str, str] = {}
     count = 0
     for entry in container.env:

@@ -10,7 +10,7 @@ from engine.config import Policy
 from engine.errors import RequestError
 from engine.request import MAX_LIST_ENTRIES, MAX_REQUEST_ENV, POD_ANNOTATION, VOLUME_MARKER_DIR
 from plugin._proto import nri_pb2 as api
-from plugin.request import container_info, may_request
+from plugin.request import container_info, first_values, may_request
 
 
 def _container(env: list[str], mounts: int = 0) -> api.Container:
@@ -88,3 +88,9 @@ def test_only_what_a_request_reads_is_copied() -> None:
     assert dict(info.env) == {"NVIDIA_REQUIRE_CUDA": "cuda>=12", "CUDA_VERSION": "12.4", "NVIDIA_X": "1"}
     assert info.mounts == (("/dev/null", f"{VOLUME_MARKER_DIR}/0"),)
     assert (info.pod_namespace, info.pod_name) == ("ml", "p")
+
+
+def test_first_values_reads_only_the_keys_asked_for_first_entry_wins() -> None:
+    container = _container(["A=1", "NVIDIA_X=a", "NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_X=b", "NVIDIA_XY=c"])
+    assert first_values(container, ("NVIDIA_X", "NVIDIA_DRIVER_CAPABILITIES")) == {"NVIDIA_X": "a"}
+    assert first_values(container, ()) == {}
