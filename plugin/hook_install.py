@@ -57,7 +57,7 @@ configs = [os.path.join(venv, "pyvenv.cfg"), os.path.join(venv, "bin", "pyvenv.c
 sites = site.getsitepackages()
 if any(os.path.isfile(c) for c in configs):
     sites += site.getsitepackages([venv])
-print(json.dumps({"path": sys.path, "site": sites, "configs": configs}))
+print(json.dumps({"path": sys.path, "site": sites}))
 """
 # -I: the hook's own sys.path, and where its packages are (found, not imported).
 _FULL_QUERY = """
@@ -237,9 +237,11 @@ def _prefixes(interp: str) -> tuple[list[str], list[str]]:
         bin_dir = os.path.dirname(where)
         prefixes.append(os.path.dirname(bin_dir))
         for cfg in (os.path.join(bin_dir, "pyvenv.cfg"), os.path.join(os.path.dirname(bin_dir), "pyvenv.cfg")):
-            if not os.path.isfile(cfg) or cfg in configs:
+            if not os.path.lexists(cfg) or cfg in configs:
                 continue
-            configs.append(cfg)
+            configs.append(cfg)  # checked by the caller: anything but a regular file is refused
+            if not os.path.isfile(cfg):
+                continue
             with open(cfg, "rb") as f:
                 text = f.read(_CFG_LIMIT).decode("utf-8", "replace")
             for line in text.splitlines():
@@ -276,7 +278,6 @@ def check_imports(interp: str) -> list[str]:
     base = _query(interp, ("-I", "-S"), _BASE_QUERY)
     dirs = [*_strings(base.get("path")), *_strings(base.get("site"))]
     problems = [p for d in dirs for p in check_tree(d, seen=seen)]
-    problems += [p for c in _strings(base.get("configs")) if os.path.lexists(c) for p in check_file(c)]
     if problems:
         return problems  # site would run .pth files from there: ask no further
     full = _query(interp, ("-I",), _FULL_QUERY)

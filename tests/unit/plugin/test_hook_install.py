@@ -276,3 +276,16 @@ def test_a_mount_on_an_entry_of_a_sticky_folder_is_refused(tmp_path: Path) -> No
     assert done.stdout.strip() == repr(
         [f"{tmp_path}/tmp/alice is a mount point in a sticky folder (its owner and mode are the mount's word)"]
     ), done.stdout
+
+
+def test_a_pyvenv_cfg_that_is_not_a_regular_file_is_refused_before_it_runs(tmp_path: Path) -> None:
+    # The interpreter would open it at start-up (a FIFO: and wait there for a writer).
+    python = _trusted_python()
+    venv = tmp_path / "venv"
+    subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (venv / "pyvenv.cfg").unlink()
+    os.mkfifo(venv / "pyvenv.cfg", 0o644)
+    hook = tmp_path / "nri-gpu"
+    hook.write_text(f"#!{venv}/bin/python\nfrom plugin.__main__ import main\n")
+    hook.chmod(0o755)
+    assert check_install(str(hook)) == [f"{venv}/pyvenv.cfg is not a regular file"]
