@@ -117,6 +117,7 @@ class DeviceKind(enum.Enum):
     UVM = "uvm"  # /dev/nvidia-uvm
     UVM_TOOLS = "uvm-tools"  # /dev/nvidia-uvm-tools
     MODESET = "modeset"  # /dev/nvidia-modeset
+    MIG_CAP = "mig-cap"  # /dev/nvidia-caps/nvidia-cap<minor>: a MIG instance's, monitor's or config's capability
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,40 @@ class GpuInstance:
 
 
 @dataclass(frozen=True)
+class NvmlMigDevice:
+    """One MIG device as NVML lists it under its GPU."""
+
+    index: int  # j of "i:j": NVML's raw index on its GPU (gaps kept, as go-nvlib does)
+    uuid: str  # "MIG-..." as NVML prints it
+    gi: int  # GPU instance id (the swizzId of capabilities/gpu<M>/mig/gi<G>)
+    ci: int  # compute instance id
+
+
+@dataclass(frozen=True)
+class NvmlGpu:
+    """One GPU as NVML sees it: what procfs cannot tell (its MIG mode and MIG devices)."""
+
+    index: int  # i of "i:j": NVML's index
+    uuid: str  # "GPU-..."
+    minor: int  # /dev/nvidia<minor>: matched against procfs with the UUID
+    mig_current: bool | None  # None: MIG not supported on this GPU
+    mig_pending: bool | None
+    mig_devices: tuple[NvmlMigDevice, ...] = ()
+
+
+@dataclass(frozen=True)
+class NvmlSnapshot:
+    """What the NVML probe reported (``engine.nvml``), already checked against procfs:
+    every GPU matched by UUID and minor, every MIG device's (GPU, GI, CI) present."""
+
+    gpus: tuple[NvmlGpu, ...] = ()
+
+    def gpu(self, uuid: str) -> NvmlGpu | None:
+        wanted = uuid.lower()
+        return next((g for g in self.gpus if g.uuid.lower() == wanted), None)
+
+
+@dataclass(frozen=True)
 class MigLayout:
     """The MIG instances procfs shows, without NVML: placements and capability minors.
 
@@ -174,9 +209,44 @@ class MigLayout:
     config: MigCap | None = None  # capabilities/mig/config
     monitor: MigCap | None = None  # capabilities/mig/monitor
     gpu_instances: tuple[GpuInstance, ...] = ()  # by (gpu_minor, gi)
+    # NVML's view, probed only when procfs shows instances (None otherwise, or when
+    # the probe failed: ``nvml_error`` then says why, for the request it fails).
+    nvml: NvmlSnapshot | None = None
+    nvml_error: str | None = None
+
+    def instance(self, gpu_minor: int, gi: int) -> GpuInstance | None:
+        return next((g for g in self.gpu_instances if g.gpu_minor == gpu_minor and g.gi == gi), None)
 
     def instances_of(self, gpu_minor: int) -> tuple[GpuInstance, ...]:
         return tuple(g for g in self.gpu_instances if g.gpu_minor == gpu_minor)
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG device a container gets: a compute instance of a GPU instance of ``parent``.
+
+    ``uuid`` and ``index`` (``"i:j"``) are NVML's, when it was asked; without them
+    the device is named by its placement, ``MIG-GPU-<parent uuid>/<gi>/<ci>``,
+    which the driver and NVML accept too.
+    """
+
+    parent: Gpu
+    gpu_instance: GpuInstance
+    compute_instance: ComputeInstance
+    uuid: str | None = None
+    index: str | None = None
+
+    @property
+    def name(self) -> str:
+        """What ``NVIDIA_VISIBLE_DEVICES`` names it by in the container."""
+        if self.uuid is not None:
+            return self.uuid
+        return f"MIG-{self.parent.uuid}/{self.gpu_instance.gi}/{self.compute_instance.ci}"
+
+    @property
+    def placement(self) -> str:
+        """``gpu2/mig/gi2/ci0``: where its capability lies under ``capabilities/``."""
+        return f"gpu{self.parent.minor}/mig/gi{self.gpu_instance.gi}/ci{self.compute_instance.ci}"
 
 
 @dataclass(frozen=True)
@@ -219,13 +289,20 @@ class Symlink:
 class Plan:
     """Exactly what one container gets. Empty for a container that asked for nothing."""
 
-    gpus: tuple[Gpu, ...] = ()
+    gpus: tuple[Gpu, ...] = ()  # whole GPUs (a MIG device's parent is in ``mig_devices`` only)
     capabilities: frozenset[Capability] = frozenset()
     devices: tuple[DeviceNode, ...] = ()
     mounts: tuple[Mount, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     # Work for container start (inside its mount namespace):
     visible_bus_ids: tuple[str, ...] = ()  # what stays under /proc/driver/nvidia/gpus
+    # MIG: the devices granted, and what the view shows under capabilities/
+    # (paths relative to it, sorted: "gpu2/mig/gi2/access", "mig/monitor", ...);
+    # ``proc_caps_all``: the whole capabilities/ folder instead (a MIG config grant,
+    # which must see instances created after its start).
+    mig_devices: tuple[MigDevice, ...] = ()
+    proc_caps: tuple[str, ...] = ()
+    proc_caps_all: bool = False
     symlinks: tuple[Symlink, ...] = ()
     ldconfig_folders: tuple[str, ...] = ()
     ld_cache_entries: tuple[LdCacheEntry, ...] = ()  # what the container's ld.so.cache gains
@@ -237,3 +314,8 @@ class Plan:
     @property
     def is_empty(self) -> bool:
         return not (self.devices or self.mounts or self.env)
+
+    @property
+    def device_names(self) -> tuple[str, ...]:
+        """The whole GPUs' UUIDs, then the MIG devices' names: ``NVIDIA_VISIBLE_DEVICES``."""
+        return tuple(g.uuid for g in self.gpus) + tuple(m.name for m in self.mig_devices)
