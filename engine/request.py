@@ -94,7 +94,28 @@ class ByBusId:
     bus_id: str  # canonical "0000:07:00.0"
 
 
-DeviceId: TypeAlias = ByIndex | ByUuid | ByBusId
+@dataclass(frozen=True)
+class ByMigUuid:
+    uuid: str  # "MIG-" + lower-case hex, as NVML prints it from R470 on: needs NVML to resolve
+
+
+@dataclass(frozen=True)
+class ByMigIndex:
+    gpu: int  # i: NVML's GPU index
+    mig: int  # j: NVML's MIG device index on that GPU: needs NVML to resolve
+
+
+@dataclass(frozen=True)
+class ByMigPlacement:
+    """The legacy ``MIG-GPU-<gpu uuid>/<gi>/<ci>``: resolvable from procfs alone."""
+
+    gpu_uuid: str  # "GPU-" + lower-case hex
+    gi: int  # 0..14
+    ci: int  # 0..7
+
+
+MigId: TypeAlias = ByMigUuid | ByMigIndex | ByMigPlacement
+DeviceId: TypeAlias = ByIndex | ByUuid | ByBusId | MigId
 
 
 class Selection(enum.Enum):
@@ -110,6 +131,9 @@ class GpuRequest:
     capabilities: frozenset[Capability]
     requirements: tuple[tuple[str, str], ...]  # (variable, expression) sorted by variable; () when disabled
     source: str  # 'annotation "nvidia.com/gpus"', 'env NVIDIA_VISIBLE_DEVICES', 'volume mounts', ...
+    # NVIDIA_MIG_MONITOR_DEVICES=all / NVIDIA_MIG_CONFIG_DEVICES=all, allowed by policy
+    mig_monitor: bool = False
+    mig_config: bool = False
 
 
 @dataclass(frozen=True)
