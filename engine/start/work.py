@@ -2,8 +2,9 @@
 
 The plan (computed at CreateContainer) decides *what*; ``StartWork`` carries the
 part of it that can only be done once the container's mount namespace exists
-(NRI StartContainer): hide the GPUs it did not get under ``/proc/driver/nvidia``,
-create the library symlinks, and make the dynamic loader find the libraries.
+(NRI StartContainer): hide the GPUs it did not get under ``/proc/driver/nvidia``
+(and the MIG capability files of instances it did not get), create the library
+symlinks, and make the dynamic loader find the libraries.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from dataclasses import dataclass, field
 
 from engine.catalogue import IPC_TYPES
 from engine.config import LD_CACHE_MODES
+from engine.migfs import compute_instance_id, gpu_dir_minor, gpu_instance_id
 from engine.model import LdCacheEntry, Plan, Symlink
 
-__all__ = ["PROC", "StartReport", "StartWork", "WorkError", "start_work"]
+__all__ = ["PROC", "StartReport", "StartWork", "WorkError", "is_cap_path", "start_work"]
 
 PROC = "/proc"
 
@@ -55,6 +57,13 @@ class StartWork:
     # mount must be the inode the host path holds now, and that one root's alone.
     ipc: tuple[str, ...] = ()
     ipc_root: str = "/"
+    # MIG: the capability files the view shows, relative to
+    # ``/proc/driver/nvidia/capabilities/`` ("gpu2/mig/gi2/access", "mig/monitor");
+    # ``proc_caps_all``: the whole ``capabilities/`` folder, live, instead (a MIG
+    # config grant). Only names the driver makes (``is_cap_path``): each becomes
+    # a path opened in the source tree and a mount point made in the view.
+    proc_caps: tuple[str, ...] = ()
+    proc_caps_all: bool = False
 
     def __post_init__(self) -> None:
         if self.ld_cache not in LD_CACHE_MODES:
@@ -78,6 +87,30 @@ class StartWork:
             raise ValueError(f"ipc_root {self.ipc_root!r} is not a clean absolute path")
         if "\0" in self.cgroups_path or "\n" in self.cgroups_path or len(self.cgroups_path) > 4096:
             raise ValueError(f"bad cgroups path {self.cgroups_path[:200]!r}")
+        for cap in self.proc_caps:
+            if not is_cap_path(cap):
+                raise ValueError(f"proc cap {cap[:200]!r}: not a capability file the driver makes")
+        if len(set(self.proc_caps)) != len(self.proc_caps):
+            raise ValueError(f"proc caps {self.proc_caps[:8]!r}: listed twice")
+
+
+def is_cap_path(path: str) -> bool:
+    """Whether ``path`` names a capability file the driver makes under
+    ``/proc/driver/nvidia/capabilities/``: ``mig/config``, ``mig/monitor``,
+    ``gpu<M>/mig/gi<G>/access`` or ``gpu<M>/mig/gi<G>/ci<C>/access`` (M 0..31,
+    G 0..14, C 0..7, no leading zeros).
+
+    >>> [is_cap_path(p) for p in ("mig/monitor", "gpu2/mig/gi2/ci0/access", "gpu32/mig/gi0/access", "mig/../x")]
+    [True, True, False, False]
+    """
+    if path in ("mig/config", "mig/monitor"):
+        return True
+    parts = path.split("/")
+    if len(parts) not in (4, 5) or parts[1] != "mig" or parts[-1] != "access":
+        return False
+    if gpu_dir_minor(parts[0]) is None or gpu_instance_id(parts[2]) is None:
+        return False
+    return len(parts) == 4 or compute_instance_id(parts[3]) is not None
 
 
 def is_clean_absolute(path: str) -> bool:
@@ -121,6 +154,8 @@ def start_work(
         cgroups_path=cgroups_path,
         ipc=plan.ipc if ipc is None else ipc,
         ipc_root=driver_root.rstrip("/") or "/",
+        proc_caps=plan.proc_caps,
+        proc_caps_all=plan.proc_caps_all,
     )
 
 
