@@ -26,6 +26,14 @@ and the engine cannot tell it from a host with a loaded driver and no GPU work r
   compute instances asked for (``gi<G>/access``, ``gi<G>/ci<C>/access``, minors as
   ``mig-minors`` lists them), with their ``/dev/nvidia-caps/nvidia-cap<N>`` nodes;
   ``reconfigure_mig`` makes instances disappear and appear on a built node.
+* **NVML** (with ``mig=`` only): the real 64-bit ``libnvidia-ml.so.550.163.01`` is
+  replaced by a simulated one (``nvmlsim.c``, built with gcc) that lists the GPUs,
+  their MIG mode and MIG devices from ``nvml-sim.txt`` beside it, as NVML would on a
+  host with that layout: ``MIG-`` UUIDs are a hash of the GPU UUID, GI and CI, and
+  the raw index ``j`` of ``i:j`` has a gap (no ``j=1`` on a GPU with three or more
+  MIG devices) so that nothing can compute it from a position (``SimNode.mig_devices``).
+  ``nvml="real"`` keeps the real library, whose ``nvmlInit_v2`` returns 9, Driver
+  Not Loaded.
   Every format is the one the 550.163.01 kernel module prints (checked against
   ``nv-procfs.c``, ``nv-reg.h`` and ``nv-caps.c`` of Debian's nvidia-kernel-source
   550.163.01-2, and a ``version``/``information`` pair read from a real 550.163.01 host).
@@ -88,8 +96,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import debs
+from . import debs, nvmlsim
 from .cache import cache_dir, locked
+from .nvmlsim import SimNvmlGpu, SimNvmlMig
 
 __all__ = [
     "CAPS_MAJOR",
@@ -102,6 +111,7 @@ __all__ = [
     "MigSpec",
     "SimGpu",
     "SimNode",
+    "SimNvmlMig",
     "build_node",
     "cap_minor",
     "driver_tree",
@@ -112,6 +122,8 @@ __all__ = [
     "no_driver_tree",
     "reconfigure_mig",
     "run_ldconfig",
+    "set_nvml_behaviour",
+    "sim_mig_devices",
 ]
 
 log = logging.getLogger(__name__)
@@ -232,6 +244,12 @@ class SimNode:
     real_device_nodes: bool = True  # False: /dev entries are empty regular files
     # None: no MIG (the default node). Else GPU index -> its instances, as ``build_node`` took them.
     mig: dict[int, tuple[tuple[int, tuple[int, ...]], ...]] | None = None
+    # With MIG: "sim" (the simulated NVML answers) or "real" (the real library, which fails).
+    nvml: str | None = None
+
+    def mig_devices(self) -> dict[int, tuple[SimNvmlMig, ...]]:
+        """What the simulated NVML lists: GPU index -> its MIG devices by raw index j."""
+        return sim_mig_devices(self)
 
     def flags(self) -> list[str]:
         """The command-line flags that point an nri-gpu command at this node."""
@@ -851,6 +869,62 @@ def _remove_mig_instances(node: SimNode) -> None:
             path.unlink()
 
 
+def _mig_uuid(gpu_uuid: str, gi: int, ci: int) -> str:
+    h = hashlib.sha256(f"nri-gpu simulated MIG device {gpu_uuid} {gi} {ci}".encode()).hexdigest()
+    return f"MIG-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _nvml_gpus(node: SimNode) -> list[SimNvmlGpu]:
+    """The GPUs as NVML lists them: excluded GPUs are not there (so NVML's index is the
+    inventory's); MIG mode on for every GPU ``node.mig`` names; MIG devices in
+    ascending (gi, ci) order, their raw index with a gap: j=1 is skipped on a GPU
+    with three or more."""
+    out = []
+    for gpu in (g for g in node.gpus if not g.excluded):
+        placements = [(gi, ci) for gi, cis in (node.mig or {}).get(gpu.index, ()) for ci in cis]
+        gap = len(placements) >= 3
+        devices = tuple(
+            SimNvmlMig(k + 1 if gap and k >= 1 else k, _mig_uuid(gpu.uuid, gi, ci), gi, ci)
+            for k, (gi, ci) in enumerate(placements)
+        )
+        on = gpu.index in (node.mig or {})
+        out.append(SimNvmlGpu(gpu.uuid, gpu.minor, (on, on), devices, max([7, *(d.index + 1 for d in devices)])))
+    return out
+
+
+def sim_mig_devices(node: SimNode) -> dict[int, tuple[SimNvmlMig, ...]]:
+    """The MIG devices the simulated NVML lists, by NVML GPU index ``i`` (the inventory's
+    index; only GPUs with MIG devices): ``{0: (SimNvmlMig(0, "MIG-...", 2, 0),
+    SimNvmlMig(2, "MIG-...", 2, 1), ...)}``, ``index`` being ``j`` of ``i:j``. Also on a
+    node with ``nvml="real"``: it is what NVML would say there."""
+    return {i: g.mig_devices for i, g in enumerate(_nvml_gpus(node)) if g.mig_devices}
+
+
+def _write_nvml(node: SimNode, **behaviour: int) -> None:
+    """With the simulated NVML, (re)write its description; ``behaviour``: ``init_rc``,
+    ``init_sleep_ms`` (``nvmlsim.description``)."""
+    if node.nvml == "sim":
+        path = node.driver_root / LIB64 / nvmlsim.DESCRIPTION
+        path.write_text(nvmlsim.description(_nvml_gpus(node), **behaviour))
+
+
+def _install_nvml(node: SimNode) -> None:
+    """Put the simulated library where the real 64-bit one was. The node's file is a
+    hard link into the cached driver tree: unlink it, never write into it."""
+    lib = node.driver_root / LIB64 / f"libnvidia-ml.so.{DRIVER_VERSION}"
+    lib.unlink()
+    shutil.copyfile(nvmlsim.library(), lib)
+    os.chmod(lib, 0o644)
+
+
+def set_nvml_behaviour(node: SimNode, *, init_rc: int = 0, init_sleep_ms: int = 0) -> None:
+    """Make the simulated NVML of ``node`` fail (``nvmlInit_v2`` returns ``init_rc``)
+    or hang (sleeps ``init_sleep_ms`` first), for tests of the probe's failure paths."""
+    if node.nvml != "sim":
+        raise ValueError("the node has no simulated NVML (build_node(mig=..., nvml='sim'))")
+    _write_nvml(node, init_rc=init_rc, init_sleep_ms=init_sleep_ms)
+
+
 def reconfigure_mig(node: SimNode, mig: MigSpec) -> SimNode:
     """Change a MIG node's instances as an operator would (``nvidia-smi mig -dci -dgi``
     then ``-cgi -C``): the old instances vanish, the new ones appear. A GPU index left
@@ -860,6 +934,7 @@ def reconfigure_mig(node: SimNode, mig: MigSpec) -> SimNode:
     new = dataclasses.replace(node, mig=_normal_mig(node.gpus, mig))
     _remove_mig_instances(node)
     _write_mig(new)
+    _write_nvml(new)
     return new
 
 
@@ -877,6 +952,7 @@ def build_node(
     real_device_nodes: bool | None = None,
     excluded: Sequence[int] = (),
     mig: MigSpec | None = None,
+    nvml: str = "sim",
 ) -> SimNode:
     """Build a simulated GPU node in ``root`` (created if missing) and describe it.
 
@@ -892,8 +968,12 @@ def build_node(
     named (by index) get these GPU instances and compute instances, e.g.
     ``{1: [], 2: [(2, [0, 1, 2]), (3, [0])]}``: GPU 1 in MIG mode with no instances,
     GPU 2 with a 3g GI holding three CIs and a 2g GI with one (``reconfigure_mig``
-    changes them later).
+    changes them later). ``nvml`` (with ``mig`` only): "sim" = the simulated
+    ``libnvidia-ml`` listing those MIG devices (``SimNode.mig_devices``), "real" = keep
+    NVIDIA's (which fails: Driver Not Loaded).
     """
+    if nvml not in ("sim", "real"):
+        raise ValueError(f"nvml must be 'sim' or 'real', not {nvml!r}")
     sim_gpus = _make_gpus(gpus, model, in_bus_order, excluded) if driver else ()  # validates first
     mig_layout = _normal_mig(sim_gpus, mig) if mig is not None and driver else None
     root = Path(root).absolute()
@@ -906,10 +986,13 @@ def build_node(
     node = SimNode(
         root=root, driver_root=driver_root, dev_root=root, proc_root=proc,
         driver_version=DRIVER_VERSION if driver else None, gpus=sim_gpus, real_device_nodes=real,
-        mig=mig_layout,
+        mig=mig_layout, nvml=nvml if mig_layout is not None else None,
     )
     if mig_layout is not None:
         _write_mig(node)
+        if nvml == "sim":
+            _install_nvml(node)
+            _write_nvml(node)
     (root / MARKER).write_text(json.dumps({"flags": node.flags(), "gpus": [g.__dict__ for g in sim_gpus]}, indent=1) + "\n")
     return node
 
@@ -959,6 +1042,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="put GPU INDEX in MIG mode with these GPU instances and their compute instances, "
                              "e.g. '--mig 1 --mig 2:2.0.1.2,3.0' (repeatable; any --mig gives every GPU "
                              "its capabilities/gpu<minor>/mig folder)")
+    parser.add_argument("--nvml", choices=("sim", "real"), default="sim",
+                        help="with --mig: 'sim' (default) replaces the 64-bit libnvidia-ml by a simulated one "
+                             "that lists the MIG devices; 'real' keeps NVIDIA's (Driver Not Loaded)")
     parser.add_argument("--force", action="store_true",
                         help="replace a node this tool built before (a ROOT holding anything else is never deleted)")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -981,7 +1067,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         mig = _parse_mig_args(args.mig) if args.mig else None
         node = build_node(root, gpus=args.gpus, driver=not args.no_driver, driver_subdir=args.driver_root_subdir,
-                          in_bus_order=args.in_bus_order, excluded=args.exclude, mig=mig)
+                          in_bus_order=args.in_bus_order, excluded=args.exclude, mig=mig, nvml=args.nvml)
     except (ValueError, debs.DebError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -990,6 +1076,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         gpu = node.gpus[index]
         shown = " ".join(f"gi{gi}({','.join(f'ci{c}' for c in cis) or 'no CIs'})" for gi, cis in instances)
         print(f"MIG: GPU {index} (minor {gpu.minor}): {shown or 'MIG on, no instances'}")
+    for index, devices in node.mig_devices().items():
+        shown = " ".join(f"{index}:{d.index}=gi{d.gi}/ci{d.ci}" for d in devices)
+        print(f"NVML ({node.nvml}): GPU {index}: {shown}")
     print(f"built in {time.monotonic() - start:.2f}s; flags for nri-gpu commands:")
     print(" ".join(node.flags()))
     return 0
