@@ -5,7 +5,7 @@ everything it needs from the host first, because afterwards the host is out of
 reach: the container's ``/proc/<pid>`` directory (pinning the process), its
 mount namespace, for ldconfig its procfs mount points and the trusted
 ldconfig binary, and with a simulated node the procfs view's source (files
-read, GPU directories cloned). It checks first that the pid is the
+read, GPU directories and MIG capability files cloned). It checks first that the pid is the
 container's: in the cgroup the runtime named, and neither sharing the mount
 namespace nor the root of the plugin or of pid 1 (in a DaemonSet the plugin's
 own are its container's; pid 1's, with the host's pid namespace, are the
@@ -180,7 +180,9 @@ def _steps(live: RootDir, host: _Host, work: StartWork, step: _Steps, deadline: 
     with step("root copy"):
         copy = live.detached_copy()
     with step("procfs isolation"):
-        procfs = procview.isolate(live, work.visible_bus_ids, host.proc_source, files=copy)
+        procfs = procview.isolate(
+            live, work.visible_bus_ids, host.proc_source, files=copy, caps=work.proc_caps, caps_all=work.proc_caps_all
+        )
     written = False
     with step("symlinks"):
         links.create(copy, work.symlinks)
@@ -292,7 +294,9 @@ def _host_source(work: StartWork) -> procview.Source:
     except OSError as exc:
         raise WorkError(f"{work.proc_source}: {exc.strerror}") from exc
     try:
-        return procview.take(tree, work.visible_bus_ids, from_host=True)
+        return procview.take(
+            tree, work.visible_bus_ids, from_host=True, caps=work.proc_caps, caps_all=work.proc_caps_all
+        )
     finally:
         os.close(tree)
 

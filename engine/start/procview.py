@@ -9,6 +9,14 @@ nodes. As legacy ``nvidia-container-cli`` did (and CDI does not), a fresh tmpfs
 * ``params`` with ``ModifyDeviceFiles: 0``,
 * ``gpus/<bus>`` for each GPU the container got: the driver's own directory,
   bind-mounted,
+* with MIG, each capability file the container got (``StartWork.proc_caps``:
+  ``capabilities/gpu<M>/mig/gi<G>/access``, ``.../ci<C>/access``,
+  ``capabilities/mig/monitor``, ``.../config``): the driver's own file,
+  bind-mounted over an empty file in folders made like the driver's (0555), so
+  libcuda and NVML find the instances the container may use and no other;
+  or, for a MIG config grant (``proc_caps_all``), the whole ``capabilities/``
+  directory bound, live: instances created later appear in it as on the host.
+  Without either, ``capabilities/`` is not in the view at all,
 
 then made read-only, ``nosuid,nodev,noexec``. runc refuses spec mounts under
 ``/proc``, so this is done from inside the container's mount namespace.
@@ -16,7 +24,8 @@ then made read-only, ``nosuid,nodev,noexec``. runc refuses spec mounts under
 One code path for a real node and a simulated one; only the *source* tree
 differs: the container's own ``/proc/driver/nvidia`` (real node), or a host
 directory (simulated node). Either way a ``Source`` is taken from it first (the
-copied files and a detached clone of each kept ``gpus/<bus>``): for a host
+copied files and a detached clone of each kept ``gpus/<bus>`` and capability
+file or folder, each opened without following any symlink): for a host
 directory in the host's mount namespace, before entering the container,
 because the kernel (6.18 checked) refuses to clone from a detached tree of
 another namespace; for the container's own, inside it, before the view hides
@@ -25,17 +34,20 @@ container has no ``/proc/driver/nvidia`` (simulated node: procfs cannot
 mkdir), the view goes over ``/proc/driver`` with an ``nvidia/`` level.
 
 Order, chosen to need only what Linux 5.12 offers (``mount_setattr``): the
-view is filled while detached, attached, the GPU directories bound into it
-(binding into a still-detached tree needs a recent kernel), and only then is
-it made read-only. Nobody sees the steps: the container's process has not
-started.
+view is filled while detached (files, folders, empty mount points), attached,
+the GPU directories and capability files bound into it (binding into a
+still-detached tree needs a recent kernel), and only then is it made read-only,
+binds included. Nobody sees the steps: the container's process has not
+started. The marker names the GPUs and the capabilities shown: a second start
+with the same work keeps the view, one with other work replaces it.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass
+import stat
+from dataclasses import dataclass, field
 
 from engine.procfs import params_with_device_modification_disabled
 from engine.start import syscalls
@@ -52,6 +64,9 @@ _COPIED = ("version", "registry")
 _LIMIT = 1 << 20
 _NOFOLLOW = syscalls.RESOLVE_NO_SYMLINKS  # /proc paths: procfs has no plain symlinks on them
 _CLONE = syscalls.OPEN_TREE_CLONE | syscalls.OPEN_TREE_CLOEXEC | syscalls.AT_RECURSIVE | syscalls.AT_SYMLINK_NOFOLLOW
+# A clone of what an fd already names (opened with ``_NOFOLLOW``: no link on the way).
+_CLONE_FD = syscalls.OPEN_TREE_CLONE | syscalls.OPEN_TREE_CLOEXEC | syscalls.AT_RECURSIVE | syscalls.AT_EMPTY_PATH
+_CAPS = "capabilities"
 _EMPTY_BOTH = syscalls.MOVE_MOUNT_F_EMPTY_PATH | syscalls.MOVE_MOUNT_T_EMPTY_PATH
 _LOCKED = (
     syscalls.MOUNT_ATTR_RDONLY | syscalls.MOUNT_ATTR_NOSUID | syscalls.MOUNT_ATTR_NODEV | syscalls.MOUNT_ATTR_NOEXEC
@@ -61,31 +76,59 @@ _LOCKED = (
 @dataclass
 class Source:
     """What the view is made of, taken from the source tree before anything hides
-    it: the copied files (name -> (content, mode)) and a detached clone of each
-    kept ``gpus/<bus>`` directory."""
+    it: the copied files (name -> (content, mode)), a detached clone of each
+    kept ``gpus/<bus>`` directory, of each capability file shown (path under
+    ``capabilities/`` -> clone) and, for ``proc_caps_all``, of the whole
+    ``capabilities/`` directory (``caps_all``)."""
 
     files: dict[str, tuple[bytes, int]]
     gpus: dict[str, int]
     from_host: bool
+    caps: dict[str, int] = field(default_factory=dict)
+    caps_all: int | None = None
 
     def close(self) -> None:
-        for fd in self.gpus.values():
+        for fd in (*self.gpus.values(), *self.caps.values()):
             os.close(fd)
+        if self.caps_all is not None:
+            os.close(self.caps_all)
         self.gpus.clear()
+        self.caps.clear()
+        self.caps_all = None
 
 
-def take(tree: int, bus_ids: tuple[str, ...], *, from_host: bool) -> Source:
+def take(
+    tree: int, bus_ids: tuple[str, ...], *, from_host: bool, caps: tuple[str, ...] = (), caps_all: bool = False
+) -> Source:
     """Read and clone what the view needs from the directory fd ``tree`` (a driver's
     ``/proc/driver/nvidia``). Called in the namespace ``tree`` belongs to: a clone
-    of a mount of another namespace is refused by the kernel. Raises ``WorkError``
-    naming a bus id the source does not have."""
+    of a mount of another namespace is refused by the kernel. ``caps``: the
+    capability files to show (``StartWork.proc_caps``, names checked there);
+    ``caps_all``: the whole ``capabilities/`` folder instead (each of ``caps``
+    must still be there). Raises ``WorkError`` naming a bus id or a capability
+    file the source does not have."""
     files = _read_sources(tree)
-    return Source(files=files, gpus=_clone_gpus(tree, bus_ids), from_host=from_host)
+    source = Source(files=files, gpus=_clone_gpus(tree, bus_ids), from_host=from_host)
+    try:
+        source.caps, source.caps_all = _clone_caps(tree, caps, caps_all)
+    except BaseException:
+        source.close()
+        raise
+    return source
 
 
-def marker_text(bus_ids: tuple[str, ...], from_host: bool) -> bytes:
-    """What the marker holds: a second run with the same work keeps the view."""
-    return _HEADER + f"source: {'host' if from_host else 'container'}\nbus ids: {' '.join(bus_ids)}\n".encode()
+def marker_text(bus_ids: tuple[str, ...], from_host: bool, caps: tuple[str, ...] = (), caps_all: bool = False) -> bytes:
+    """What the marker holds: a second run with the same work keeps the view.
+
+    The capabilities' line is there only when some are shown: a view without
+    MIG reads as it did before MIG was supported.
+    """
+    text = f"source: {'host' if from_host else 'container'}\nbus ids: {' '.join(bus_ids)}\n"
+    if caps_all:
+        text += "capabilities: all\n"
+    elif caps:
+        text += f"capabilities: {' '.join(sorted(caps))}\n"
+    return _HEADER + text.encode()
 
 
 def is_finished(marker: bytes) -> bool:
@@ -94,17 +137,26 @@ def is_finished(marker: bytes) -> bool:
     return marker.startswith(_HEADER + b"source: ")
 
 
-def isolate(root: RootDir, bus_ids: tuple[str, ...], host: Source | None, *, files: RootDir) -> str:
+def isolate(
+    root: RootDir,
+    bus_ids: tuple[str, ...],
+    host: Source | None,
+    *,
+    files: RootDir,
+    caps: tuple[str, ...] = (),
+    caps_all: bool = False,
+) -> str:
     """Build the view on the container's live tree ``root``; returns "created",
     "kept" (ours, identical, already there) or "skipped" (no driver tree anywhere
-    and no GPU to show).
+    and nothing to show).
 
-    ``host``: the source taken from a host directory (simulated node), or None to
-    take it from the container's own ``/proc/driver/nvidia``. ``files``: the
-    ``nodev`` copy of the root (``RootDir.detached_copy``) a marker is read
-    through. Raises ``WorkError``.
+    ``host``: the source taken from a host directory (simulated node; taken with
+    the same ``caps`` and ``caps_all``), or None to take it from the container's
+    own ``/proc/driver/nvidia``. ``files``: the ``nodev`` copy of the root
+    (``RootDir.detached_copy``) a marker is read through. ``caps``,
+    ``caps_all``: the MIG capabilities shown (``take``). Raises ``WorkError``.
     """
-    marker = marker_text(bus_ids, host is not None)
+    marker = marker_text(bus_ids, host is not None, caps, caps_all)
     old = _existing_view(files)
     if old is not None:
         parent, name, text = old
@@ -116,8 +168,8 @@ def isolate(root: RootDir, bus_ids: tuple[str, ...], host: Source | None, *, fil
         if host is not None:
             source = host
         elif own is not None:
-            source = take(own, bus_ids, from_host=False)  # before the view hides it
-        elif bus_ids:
+            source = take(own, bus_ids, from_host=False, caps=caps, caps_all=caps_all)  # before the view hides it
+        elif bus_ids or caps or caps_all:
             raise WorkError("/proc/driver/nvidia: not in the container (is the NVIDIA driver loaded?)")
         else:
             return "skipped"
@@ -201,6 +253,57 @@ def _clone_gpus(source: int, bus_ids: tuple[str, ...]) -> dict[str, int]:
     return clones
 
 
+def _clone_caps(source: int, caps: tuple[str, ...], caps_all: bool) -> tuple[dict[str, int], int | None]:
+    """A detached copy of each capability file (none with ``caps_all``: each is
+    checked, the whole ``capabilities/`` folder is cloned instead)."""
+    clones: dict[str, int] = {}
+    try:
+        for cap in caps:
+            fd = _open_cap(source, cap)
+            if caps_all:
+                os.close(fd)
+            else:
+                clones[cap] = _clone(fd, f"{_CAPS}/{cap}")
+        whole = _clone(_open_source(source, _CAPS, os.O_DIRECTORY), _CAPS) if caps_all else None
+    except BaseException:
+        for fd in clones.values():
+            os.close(fd)
+        raise
+    return clones, whole
+
+
+def _clone(fd: int, path: str) -> int:
+    """A detached copy of what ``fd`` (closed here) names; ``path`` for messages."""
+    try:
+        return syscalls.open_tree(fd, "", _CLONE_FD)
+    except OSError as exc:
+        raise WorkError(describe(exc, f"driver/nvidia/{path}")) from exc
+    finally:
+        os.close(fd)
+
+
+def _open_cap(source: int, cap: str) -> int:
+    """An ``O_PATH`` fd of ``capabilities/<cap>``, a regular file; ``WorkError`` if it
+    is gone (the instance was destroyed since the container was planned)."""
+    path = f"{_CAPS}/{cap}"
+    fd = _open_source(source, path, 0)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise WorkError(f"driver/nvidia/{path}: not a regular file")
+    return fd
+
+
+def _open_source(source: int, path: str, flags: int) -> int:
+    try:
+        return syscalls.openat2(source, path, os.O_PATH | flags, resolve=_NOFOLLOW)
+    except FileNotFoundError as exc:
+        raise WorkError(
+            f"driver/nvidia/{path} is not on this node (a MIG instance destroyed since the container was planned?)"
+        ) from exc
+    except OSError as exc:
+        raise WorkError(describe(exc, f"driver/nvidia/{path}")) from exc
+
+
 def _new_tmpfs() -> int:
     return syscalls.new_tmpfs((("source", _SOURCE), ("mode", "0555"), ("size", "4m"), ("nr_inodes", "4096")))
 
@@ -215,16 +318,16 @@ def _build(
 ) -> None:
     view = _new_tmpfs()
     try:
-        nvidia = _fill(view, nested, source.files, tuple(source.gpus))
+        nvidia = _fill(view, nested, source)
         try:
             syscalls.move_mount(view, "", target, "", _EMPTY_BOTH)
             try:
                 for bus, clone in source.gpus.items():
-                    mountpoint = os.open(f"gpus/{bus}", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=nvidia)
-                    try:
-                        syscalls.move_mount(clone, "", mountpoint, "", _EMPTY_BOTH)
-                    finally:
-                        os.close(mountpoint)
+                    _bind(clone, nvidia, f"gpus/{bus}", os.O_DIRECTORY)
+                for cap, clone in source.caps.items():
+                    _bind(clone, nvidia, f"{_CAPS}/{cap}", 0)
+                if source.caps_all is not None:
+                    _bind(source.caps_all, nvidia, _CAPS, os.O_DIRECTORY)
                 _write(view, MARKER, marker, 0o444, replace=True)  # now it is finished
                 syscalls.mount_setattr(
                     view,
@@ -245,8 +348,20 @@ def _build(
         os.close(view)
 
 
-def _fill(view: int, nested: bool, files: dict[str, tuple[bytes, int]], bus_ids: tuple[str, ...]) -> int:
-    """Write the copied files and the empty GPU directories; the fd of the ``nvidia`` level."""
+def _bind(clone: int, nvidia: int, path: str, kind: int) -> None:
+    """Attach ``clone`` over the mount point at ``path`` (a directory with
+    ``kind`` ``O_DIRECTORY``, else a file) in the view's ``nvidia`` level."""
+    mountpoint = os.open(path, os.O_PATH | kind | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=nvidia)
+    try:
+        syscalls.move_mount(clone, "", mountpoint, "", _EMPTY_BOTH)
+    finally:
+        os.close(mountpoint)
+
+
+def _fill(view: int, nested: bool, source: Source) -> int:
+    """Write the copied files, the empty GPU directories and the capability mount
+    points (folders 0555 and empty files 0444, as the driver makes them); the fd
+    of the ``nvidia`` level."""
     # Marked from the start: a worker killed before the end leaves a view whose
     # marker matches no work, so the next run replaces it rather than reading it
     # as the driver's own tree.
@@ -255,11 +370,22 @@ def _fill(view: int, nested: bool, files: dict[str, tuple[bytes, int]], bus_ids:
     if nested:
         _mkdir(view, "nvidia")
         nvidia = os.open("nvidia", os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=view)
-    for name, (data, mode) in files.items():
+    for name, (data, mode) in source.files.items():
         _write(nvidia, name, data, mode)
     _mkdir(nvidia, "gpus")
-    for bus in bus_ids:
+    for bus in source.gpus:
         _mkdir(nvidia, f"gpus/{bus}")
+    if source.caps_all is not None or source.caps:
+        _mkdir(nvidia, _CAPS)
+    made = {_CAPS}
+    for cap in source.caps:
+        folders = cap.split("/")[:-1]
+        for depth in range(1, len(folders) + 1):
+            folder = "/".join((_CAPS, *folders[:depth]))
+            if folder not in made:
+                _mkdir(nvidia, folder)
+                made.add(folder)
+        _write(nvidia, f"{_CAPS}/{cap}", b"", 0o444)
     return nvidia
 
 
