@@ -10,6 +10,8 @@ Sources, all read through ``Root`` objects:
 * ``<proc_root>/devices``: the majors of ``nvidia`` (``nvidia-frontend`` before
   550.40), ``nvidia-uvm`` and ``nvidia-caps``;
 * ``<proc_root>/driver/nvidia/capabilities/``: the MIG layout (``engine.migfs``);
+  when it shows MIG instances, and only then, NVML is asked for their ``MIG-`` UUIDs
+  and ``i:j`` indexes (``engine.nvml``, in a child process);
 * ``<dev_root>/dev/nvidia*``: which control nodes exist;
 * ``<driver_root>/etc/ld.so.cache``: the driver libraries, kept when their file
   name carries the driver version, sorted into capabilities;
@@ -46,12 +48,15 @@ from engine.model import (
     Library,
     MigCap,
     MigLayout,
+    NvmlSnapshot,
 )
+from engine.nvml import check_against_procfs, read_nvml
 from engine.root import Root
 
 logger = logging.getLogger(__name__)
 
 CudaVersionReader = Callable[[str], tuple[str | None, str | None]]
+NvmlReader = Callable[[str], tuple[NvmlSnapshot | None, str | None]]
 
 _GPUS = "/driver/nvidia/gpus"
 _VERSION = "/driver/nvidia/version"
@@ -78,8 +83,14 @@ def fingerprint(config: EngineConfig) -> tuple[str, tuple[str, ...], tuple[str, 
     return version, tuple(proc.listdir(_GPUS)), tuple(_placement_folder(p) for p in _mig_placements(proc))
 
 
-def discover(config: EngineConfig, *, cuda_version: CudaVersionReader = read_cuda_version) -> Inventory:
-    """Take the node's inventory. Raises nothing for missing pieces; see ``Inventory.warnings``."""
+def discover(
+    config: EngineConfig, *, cuda_version: CudaVersionReader = read_cuda_version, nvml: NvmlReader = read_nvml
+) -> Inventory:
+    """Take the node's inventory. Raises nothing for missing pieces; see ``Inventory.warnings``.
+
+    ``cuda_version`` and ``nvml`` take the host path of the 64-bit ``libcuda.so.1``
+    and ``libnvidia-ml.so.1``; ``nvml`` is called only when procfs shows MIG instances.
+    """
     warnings: list[str] = []
     proc, dev, driver = Root(config.proc_root), Root(config.dev_root), Root(config.driver_root)
     try:
@@ -102,6 +113,8 @@ def discover(config: EngineConfig, *, cuda_version: CudaVersionReader = read_cud
     files = _binaries(driver) + _firmware(driver, version) + ipc
     cuda = _cuda_version(driver, libraries, cuda_version, warnings)
     mig = _mig(proc, majors.get("nvidia-caps"), gpus, warnings)
+    if mig.gpu_instances:
+        mig = _nvml(driver, libraries, gpus, mig, nvml, warnings)
     for warning in warnings:
         logger.warning("discovery: %s", warning)
     return Inventory(version, cuda, gpus, controls, nvidia_major, libraries, files, tuple(warnings), mig)
@@ -335,6 +348,31 @@ def _cuda_version(
     return version
 
 
+def _nvml(
+    driver: Root,
+    libraries: tuple[Library, ...],
+    gpus: tuple[Gpu, ...],
+    mig: MigLayout,
+    reader: NvmlReader,
+    warnings: list[str],
+) -> MigLayout:
+    """``mig`` with NVML's view (checked against procfs), or with why there is none."""
+    libnvml = next((lib for lib in libraries if lib.soname == "libnvidia-ml.so.1" and lib.is_64bit), None)
+    if libnvml is None:
+        why = "NVML unavailable: no 64-bit libnvidia-ml.so.1 among the driver libraries"
+    else:
+        snapshot, error = reader(driver.host_path(libnvml.path))
+        if snapshot is not None:
+            checked, found = check_against_procfs(snapshot, gpus, mig)
+            warnings += found
+            return dataclasses.replace(mig, nvml=checked, nvml_error=None)
+        why = error or "NVML unavailable: the probe gave no reason"
+    # Not an inventory warning: ``nvml_error`` carries it to ``info`` and to the refusal
+    # of a request that needs NVML; requests by placement are served without it.
+    logger.warning("discovery: MIG devices can be requested by placement only (no MIG UUIDs, no i:j): %s", why)
+    return dataclasses.replace(mig, nvml=None, nvml_error=why)
+
+
 class InventoryCache:
     """The inventory, taken again only when the driver state changes.
 
@@ -342,7 +380,8 @@ class InventoryCache:
     seconds it compares ``fingerprint`` (two small procfs reads and a few
     listings of the MIG folders) with the last one and re-runs discovery when a
     new driver was loaded, GPUs appeared or disappeared or MIG instances were
-    created or destroyed. That discovery runs a CUDA probe (seconds at worst), so an
+    created or destroyed. That discovery runs a CUDA probe and, with MIG instances, an NVML
+    probe (seconds at worst), and the NVML snapshot is cached with the inventory, so an
     event loop never calls ``get()``: it reads ``current`` and runs ``refresh()``
     in a thread (``plugin.inventory``); the inventory is replaced in a single
     assignment once the new one is complete.
@@ -379,11 +418,14 @@ class InventoryCache:
             self.refresh()
         return self._inventory
 
-    def refresh(self) -> bool:
-        """Check now; True if the driver state changed and the inventory was taken again."""
+    def refresh(self, *, force: bool = False) -> bool:
+        """Check now; True if the driver state changed and the inventory was taken again.
+        ``force``: take it again even when the fingerprint is the same (a MIG instance
+        destroyed and made again under the same ids keeps its procfs folders, but NVML
+        gives it a new UUID)."""
         self._checked = self._clock()
         current = fingerprint(self._config)
-        if current == self._fingerprint:
+        if current == self._fingerprint and not force:
             return False
         logger.info("driver state changed; taking the node's inventory again")
         inventory = self._take(self._config)

@@ -372,6 +372,12 @@ MIG_SPEC: dict[int, list[tuple[int, list[int]]]] = {0: [(2, [0, 1, 2]), (3, [0])
 CAPS = "driver/nvidia/capabilities"
 
 
+def no_nvml(path: str) -> tuple[None, str]:
+    """For tests of procfs alone: a MIG layout changed behind the simulated NVML's back
+    would make the NVML cross-check warn (engine.nvml; tests in test_discover_nvml.py)."""
+    return None, "not asked in this test"
+
+
 def mig_node(path: Path, spec: dict[int, list[tuple[int, list[int]]]] = MIG_SPEC) -> SimNode:
     return build_node(path, gpus=4, model="NVIDIA A100-SXM4-40GB", mig=spec)
 
@@ -484,7 +490,7 @@ def test_instances_vanishing_between_listing_and_reading_are_left_out_quietly(
 ) -> None:
     node = mig_node(tmp_path)
     _vanish_on_read(monkeypatch, node, doomed)
-    inv = discover(config_for(node), cuda_version=no_cuda)
+    inv = discover(config_for(node), cuda_version=no_cuda, nvml=no_nvml)
     assert [p[:3] for p in placements(inv.mig)] == left
     assert inv.warnings == ()
 
@@ -495,7 +501,7 @@ def test_a_malformed_access_file_is_a_warning_and_only_its_instance_is_left_out(
     gi3.write_text("DeviceFileMinor: 3OO\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
     ci = node.proc_root / CAPS / "gpu2/mig/gi2/ci2/access"
     ci.write_text("DeviceFileMode: 292\n")
-    inv = discover(config_for(node), cuda_version=no_cuda)
+    inv = discover(config_for(node), cuda_version=no_cuda, nvml=no_nvml)
     assert [p[:3] for p in placements(inv.mig)] == [(2, 2, None), (2, 2, 0), (2, 2, 1), (2, 9, None), (2, 9, 0)]
     assert len(inv.warnings) == 2
     assert "gpu2/mig/gi2/ci2/access: no 'DeviceFileMinor' line" in inv.warnings[0]  # listing order
@@ -538,7 +544,7 @@ def test_a_folder_that_cannot_be_listed_is_a_warning_not_a_failure(
         return original(self, node_path)
 
     monkeypatch.setattr(Root, "listdir", listdir)
-    inv = discover(config_for(node), cuda_version=no_cuda)
+    inv = discover(config_for(node), cuda_version=no_cuda, nvml=no_nvml)
     assert [p[:3] for p in placements(inv.mig)][:2] == [(2, 2, None), (2, 3, None)]  # gi2 without its CIs
     assert inv.warnings == (f"MIG folder skipped: cannot list /{CAPS}/gpu2/mig/gi2 under {node.proc_root}: Permission denied",)
     assert fingerprint(config_for(node))[2] == ()  # the capabilities folder itself: nothing listed, no error
