@@ -8,7 +8,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.model import Capability, DeviceNode, Gpu, Inventory, MigCap, MigLayout, Plan
+from engine.model import (
+    Capability,
+    DeviceNode,
+    Gpu,
+    Inventory,
+    MigCap,
+    MigDevice,
+    MigLayout,
+    NvmlGpu,
+    NvmlMigDevice,
+    NvmlSnapshot,
+    Plan,
+)
 
 
 def _gpu(g: Gpu) -> dict[str, Any]:
@@ -42,8 +54,36 @@ def _cap(cap: MigCap | None) -> dict[str, Any] | None:
     return None if cap is None else {"path": cap.path, "minor": cap.minor, "mode": f"{cap.mode:04o}"}
 
 
+def nvml_names(snapshot: NvmlSnapshot | None) -> dict[tuple[int, int, int], tuple[str, str]]:
+    """(GPU minor, gi, ci) -> (MIG UUID, "i:j") of every MIG device NVML listed."""
+    if snapshot is None:
+        return {}
+    return {(g.minor, d.gi, d.ci): (d.uuid, f"{g.index}:{d.index}") for g in snapshot.gpus for d in g.mig_devices}
+
+
+def _nvml_gpu(g: NvmlGpu) -> dict[str, Any]:
+    def device(d: NvmlMigDevice) -> dict[str, Any]:
+        return {"index": f"{g.index}:{d.index}", "uuid": d.uuid, "gi": d.gi, "ci": d.ci}
+
+    return {
+        "index": g.index,
+        "uuid": g.uuid,
+        "minor": g.minor,
+        "mig_mode": {"current": g.mig_current, "pending": g.mig_pending},
+        "mig_devices": [device(d) for d in g.mig_devices],
+    }
+
+
 def mig_to_dict(mig: MigLayout) -> dict[str, Any]:
-    """The MIG layout procfs shows: instances by GPU device minor, with their caps."""
+    """The MIG layout procfs shows: instances by GPU device minor, with their caps, each
+    compute instance with NVML's ``uuid`` and ``index`` (``"i:j"``) or None; ``nvml``:
+    what the NVML probe said (None when it failed: ``nvml_error`` says why)."""
+    names = nvml_names(mig.nvml)
+
+    def ci_dict(minor: int, gi: int, ci: int, access: MigCap) -> dict[str, Any]:
+        uuid, index = names.get((minor, gi, ci), (None, None))
+        return {"ci": ci, "access": _cap(access), "uuid": uuid, "index": index}
+
     return {
         "caps_major": mig.caps_major,
         "config": _cap(mig.config),
@@ -53,11 +93,50 @@ def mig_to_dict(mig: MigLayout) -> dict[str, Any]:
                 "gpu_minor": g.gpu_minor,
                 "gi": g.gi,
                 "access": _cap(g.access),
-                "compute_instances": [{"ci": c.ci, "access": _cap(c.access)} for c in g.compute_instances],
+                "compute_instances": [ci_dict(g.gpu_minor, g.gi, c.ci, c.access) for c in g.compute_instances],
             }
             for g in mig.gpu_instances
         ],
+        "nvml": None if mig.nvml is None else {"gpus": [_nvml_gpu(g) for g in mig.nvml.gpus]},
+        "nvml_error": mig.nvml_error,
     }
+
+
+def _mig_mode(gpu: Gpu, mig: MigLayout) -> str:
+    """What can be said of one GPU's MIG mode: NVML's word, else procfs's hint."""
+    has_instances = bool(mig.instances_of(gpu.minor))
+    if mig.nvml is None:
+        return "instances present (procfs)" if has_instances else "unknown (no NVML); no instances in procfs"
+    found = mig.nvml.gpu(gpu.uuid)
+    if found is None:
+        return "unknown (NVML does not list it)"
+    if found.mig_current is None:
+        return "not supported (NVML)"
+    mode = f"{'enabled' if found.mig_current else 'disabled'} (NVML)"
+    if found.mig_pending != found.mig_current:
+        mode += f", {'enabled' if found.mig_pending else 'disabled'} after the next GPU reset"
+    return mode
+
+
+def _mig_lines(inventory: Inventory) -> list[str]:
+    mig = inventory.mig
+    lines = ["", "MIG mode:"]
+    lines += [f"  GPU {g.index} (minor {g.minor}): {_mig_mode(g, mig)}" for g in inventory.gpus]
+    names = nvml_names(mig.nvml)
+    for minor in sorted({g.gpu_minor for g in mig.gpu_instances}):
+        shown = " ".join(
+            f"gi{g.gi}({','.join(f'ci{c.ci}' for c in g.compute_instances) or 'no CIs'})"
+            for g in mig.instances_of(minor)
+        )
+        lines.append(f"MIG instances of GPU minor {minor}: {shown}")
+        for g in mig.instances_of(minor):
+            for c in g.compute_instances:
+                uuid, index = names.get((minor, g.gi, c.ci), ("(no MIG UUID)", "-"))
+                place = f"gpu{minor}/mig/gi{g.gi}/ci{c.ci}"
+                lines.append(f"  {place:<22} {index:<6} {uuid}  caps {g.access.minor},{c.access.minor}")
+    if mig.nvml_error is not None:
+        lines.append(f"NVML: {mig.nvml_error} (MIG devices can be requested by placement only)")
+    return lines
 
 
 def inventory_to_dict(inventory: Inventory) -> dict[str, Any]:
@@ -111,18 +190,28 @@ def inventory_text(inventory: Inventory) -> str:
     others = {kind: sum(1 for f in inventory.files if f.kind.value == kind) for kind in ("binary", "firmware", "ipc")}
     lines.append("Other files: " + ", ".join(f"{k} {v}" for k, v in others.items()))
     lines.append("Control devices: " + (", ".join(d.path for d in inventory.control_devices) or "none"))
-    for minor in sorted({g.gpu_minor for g in inventory.mig.gpu_instances}):
-        shown = " ".join(
-            f"gi{g.gi}({','.join(f'ci{c.ci}' for c in g.compute_instances) or 'no CIs'})"
-            for g in inventory.mig.instances_of(minor)
-        )
-        lines.append(f"MIG instances of GPU minor {minor}: {shown} (MIG requests are not supported yet)")
+    if inventory.mig.gpu_instances:
+        lines += _mig_lines(inventory)
     lines += [f"warning: {w}" for w in inventory.warnings]
     return "\n".join(lines) + "\n"
 
 
-def plan_to_dict(plan: Plan) -> dict[str, Any]:
+def _mig_device(m: MigDevice) -> dict[str, Any]:
     return {
+        "name": m.name,
+        "parent_index": m.parent.index,
+        "parent_minor": m.parent.minor,
+        "gi": m.gpu_instance.gi,
+        "ci": m.compute_instance.ci,
+        "index": m.index,
+        "cap_minors": [m.gpu_instance.access.minor, m.compute_instance.access.minor],
+    }
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """The plan as data; ``mig_devices`` and the start's ``proc_caps``/``proc_caps_all``
+    are there only when the plan has them, so plans without MIG read as before."""
+    out: dict[str, Any] = {
         "gpus": [{"index": g.index, "minor": g.minor, "bus_id": g.bus_id, "uuid": g.uuid} for g in plan.gpus],
         "capabilities": sorted(c.value for c in plan.capabilities),
         "devices": [_device(d) for d in plan.devices],
@@ -139,11 +228,23 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         },
         "notes": list(plan.notes),
     }
+    if plan.mig_devices:
+        out["mig_devices"] = [_mig_device(m) for m in plan.mig_devices]
+    if plan.proc_caps:
+        out["start"]["proc_caps"] = list(plan.proc_caps)
+    if plan.proc_caps_all:
+        out["start"]["proc_caps_all"] = True
+    return out
 
 
 def plan_text(plan: Plan) -> str:
     gpus = ", ".join(f"{g.index} (minor {g.minor}, {g.bus_id})" for g in plan.gpus) or "none (driver only)"
-    lines = [f"GPUs: {gpus}", f"Capabilities: {', '.join(sorted(c.value for c in plan.capabilities))}", "Devices:"]
+    lines = [f"GPUs: {gpus}"]
+    for m in plan.mig_devices:
+        caps = f"caps {m.gpu_instance.access.minor},{m.compute_instance.access.minor}"
+        where = f"GPU {m.parent.index} (minor {m.parent.minor}) gi{m.gpu_instance.gi} ci{m.compute_instance.ci}"
+        lines.append(f"MIG device: {m.name}  {where}{f'  {m.index}' if m.index else ''}  {caps}")
+    lines += [f"Capabilities: {', '.join(sorted(c.value for c in plan.capabilities))}", "Devices:"]
     lines += [f"  {d.path}  {d.type} {d.major}:{d.minor}  {d.mode:04o}" for d in plan.devices]
     lines.append(f"Mounts ({len(plan.mounts)}):")
     lines += [f"  {m.destination}  <- {m.source}  ({','.join(m.options)})" for m in plan.mounts]
@@ -152,6 +253,10 @@ def plan_text(plan: Plan) -> str:
     lines.append("At container start:")
     lines.append(f"  keep /proc/driver/nvidia/gpus/: {' '.join(plan.visible_bus_ids) or '(none)'}")
     lines += [f"  link {s.path} -> {s.target}" for s in plan.symlinks]
+    if plan.proc_caps_all:
+        lines.append("  keep /proc/driver/nvidia/capabilities/: all of it")
+    elif plan.proc_caps:
+        lines.append(f"  keep /proc/driver/nvidia/capabilities/: {' '.join(plan.proc_caps)}")
     lines.append(f"  ld.so.conf.d folders: {' '.join(plan.ldconfig_folders) or '(none)'}")
     lines.append(f"  ld.so.cache entries added: {len(plan.ld_cache_entries)}")
     lines += [f"note: {n}" for n in plan.notes]
