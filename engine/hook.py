@@ -5,8 +5,10 @@ spec's mounts are in place and before ``pivot_root``, with the OCI state on
 stdin. The container's root is then the bundle's ``root.path`` directory, not
 ``/``; the host's files are still at their paths (the hook's own executable,
 the trusted ldconfig, a simulated node's procfs). The GPUs are the ones the
-CDI devices put into the bundle's ``config.json`` (``linux.devices``); the
-capabilities are those the spec was generated for (the hook's arguments).
+CDI devices put into the bundle's ``config.json`` (``linux.devices``), found by
+their numbers: whole GPUs by ``/dev/nvidia<M>``, MIG devices by their
+``nvidia-caps`` nodes (``gpu_request``); the capabilities are those the spec
+was generated for (the hook's arguments).
 
 The parsing half is pure; ``run_hook`` does the I/O and the work
 (``engine.start.actions.perform_in_bundle``).
@@ -36,7 +38,7 @@ from engine.errors import EngineError, StartError
 from engine.model import Capability, Inventory
 from engine.plan import ipc_in_mounts
 from engine.plan import plan as make_plan
-from engine.request import ByIndex, GpuRequest, Selection
+from engine.request import ByIndex, ByMigPlacement, DeviceId, GpuRequest, Selection
 from engine.start import actions
 from engine.start.work import StartReport, start_work
 
@@ -96,21 +98,62 @@ def rootfs(bundle: str, config: Mapping[str, Any]) -> str:
 
 
 def gpu_request(config: Mapping[str, Any], inventory: Inventory, capabilities: frozenset[Capability]) -> GpuRequest:
-    """The GPUs whose ``/dev/nvidiaN`` (by major and minor) are in ``linux.devices``."""
+    """What the CDI devices put into ``linux.devices``, found by (major, minor) of
+    character devices: the request that gives the same plan (and procfs view).
+
+    * A MIG device: its parent's ``/dev/nvidia<M>`` with both its GPU instance's
+      and its compute instance's ``nvidia-caps`` node (the minors procfs names)
+      -> ``ByMigPlacement`` (resolvable without NVML).
+    * A whole GPU: its ``/dev/nvidia<M>``, unless it is there only as the parent
+      of MIG devices. A node is a node, so the two cannot be told apart: a MIG
+      device's spec entry always carries its parent, and giving the whole GPU as
+      well would show what the MIG device must not (and a whole GPU in MIG mode
+      gives CUDA nothing anyway). A container that has both loses nothing it
+      could use.
+    * ``mig/monitor``'s and ``mig/config``'s nodes -> the monitor and config grants.
+
+    Ids come by GPU index, then GPU and compute instance.
+    """
+    found = _char_devices(config)
+    gpus = found.get(inventory.nvidia_major, set()) if inventory.nvidia_major is not None else set()
+    layout = inventory.mig
+    caps = found.get(layout.caps_major, set()) if layout.caps_major is not None else set()
+    mig_ids: list[DeviceId] = []
+    parents: set[int] = set()
+    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
+        if gpu.minor not in gpus:
+            continue
+        for gi in layout.instances_of(gpu.minor):
+            if gi.access.minor not in caps:
+                continue
+            for ci in gi.compute_instances:
+                if ci.access.minor in caps:
+                    mig_ids.append(ByMigPlacement(gpu.uuid[:4] + gpu.uuid[4:].lower(), gi.gi, ci.ci))
+                    parents.add(gpu.minor)
+    whole = [ByIndex(g.index) for g in sorted(inventory.gpus, key=lambda g: g.index) if g.minor in gpus - parents]
+    ids = (*whole, *mig_ids)
+    return GpuRequest(
+        Selection.LIST if ids else Selection.NONE,
+        ids,
+        capabilities,
+        (),
+        "CDI devices",
+        mig_monitor=layout.monitor is not None and layout.monitor.minor in caps,
+        mig_config=layout.config is not None and layout.config.minor in caps,
+    )
+
+
+def _char_devices(config: Mapping[str, Any]) -> dict[int, set[int]]:
+    """major -> minors of the character devices in the bundle's ``linux.devices``."""
     linux = config.get("linux")
     devices = linux.get("devices") if isinstance(linux, dict) else None
-    minors: set[int] = set()
+    found: dict[int, set[int]] = {}
     for device in devices if isinstance(devices, list) else ():
-        if (
-            isinstance(device, dict)
-            and device.get("type") == "c"
-            and inventory.nvidia_major is not None
-            and device.get("major") == inventory.nvidia_major
-            and isinstance(device.get("minor"), int)
-        ):
-            minors.add(device["minor"])
-    ids = tuple(ByIndex(g.index) for g in sorted(inventory.gpus, key=lambda g: g.index) if g.minor in minors)
-    return GpuRequest(Selection.LIST if ids else Selection.NONE, ids, capabilities, (), "CDI devices")
+        if isinstance(device, dict) and device.get("type") == "c":
+            major, minor = device.get("major"), device.get("minor")
+            if type(major) is int and type(minor) is int:
+                found.setdefault(major, set()).add(minor)
+    return found
 
 
 def ipc_mounts(config: Mapping[str, Any], engine: EngineConfig) -> tuple[str, ...]:
