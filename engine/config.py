@@ -55,6 +55,17 @@ class Policy:
     set, ``NVIDIA_REQUIRE_CUDA`` unset) every GPU when it names none. That made
     sense for a runtime chosen per container; we see every container of the
     node, so it is off: such an image gets GPUs only when it asks.
+
+    ``mig_monitor_namespaces`` / ``mig_config_namespaces``: namespaces whose pods
+    may ask for ``NVIDIA_MIG_MONITOR_DEVICES=all`` (the device plugin, GPU feature
+    discovery, DCGM: aggregate information about every MIG device of their GPUs)
+    and ``NVIDIA_MIG_CONFIG_DEVICES=all`` (creating and destroying MIG instances:
+    other tenants' too). The toolkit grants them only to containers with
+    CAP_SYS_ADMIN, which NRI does not tell a plugin; a namespace is the nearest
+    word an operator controls. A request from elsewhere is refused.
+
+    ``refuse_mig_mode_gpus``: refuse a whole-GPU request for a GPU in MIG mode
+    (CUDA sees no device in it) instead of serving it with a note.
     """
 
     accept_env_unprivileged: bool = True
@@ -64,6 +75,9 @@ class Policy:
     capabilities: frozenset[Capability] = ALL_CAPABILITIES
     require_checks: bool = True
     legacy_image_all_gpus: bool = False
+    mig_monitor_namespaces: tuple[str, ...] | None = ("kube-system", "gpu-operator")
+    mig_config_namespaces: tuple[str, ...] | None = ()
+    refuse_mig_mode_gpus: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,8 +166,14 @@ def _shown(value: object, limit: int = 256) -> str:
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
 
 
-_BOOL_POLICY = ("accept_env_unprivileged", "accept_volume_mounts", "require_checks", "legacy_image_all_gpus")
-_NAMESPACE_POLICY = ("namespaces", "annotation_namespaces")
+_BOOL_POLICY = (
+    "accept_env_unprivileged",
+    "accept_volume_mounts",
+    "require_checks",
+    "legacy_image_all_gpus",
+    "refuse_mig_mode_gpus",
+)
+_NAMESPACE_POLICY = ("namespaces", "annotation_namespaces", "mig_monitor_namespaces", "mig_config_namespaces")
 # A Kubernetes namespace name: an RFC 1123 label (a typo such as "ML" would never match).
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", re.ASCII)
 

@@ -4,18 +4,26 @@ Theory of operation: everything that can fail is done first (GPU selection,
 requirements), so a refusal leaves nothing behind; the rest is a deterministic
 projection of the inventory through the requested capabilities:
 
-* devices: ``/dev/nvidiactl``, one ``/dev/nvidia<minor>`` per selected GPU (the
-  minor from procfs, never the index), the uvm pair with compute (and video,
-  which needs compute), ``nvidia-modeset`` with display;
+* devices: ``/dev/nvidiactl``, one ``/dev/nvidia<minor>`` per selected GPU and
+  per parent of a selected MIG device (the minor from procfs, never the index),
+  the uvm pair with compute (and video, which needs compute), ``nvidia-modeset``
+  with display; for each MIG device its GPU and compute instance capabilities,
+  ``/dev/nvidia-caps/nvidia-cap<minor>`` (``nvidia-caps`` major, minor and mode
+  from the access files: the kernel's own numbers, never computed), and the
+  ``monitor`` / ``config`` capabilities when granted (config with every instance
+  of the selected GPUs: it must reach them all);
 * mounts: every driver library, binary and IPC endpoint the capabilities need,
   plus the GSP firmware, bound read-only ``nosuid,nodev`` (IPC endpoints
   also ``noexec``, and a plain bind) at the same path in the container as on
   the node, from the file under the driver root; every source a clean absolute
   path inside the host root (``EngineConfig.to_host_path``);
-* env: ``NVIDIA_VISIBLE_DEVICES`` (the selected UUIDs, or ``none``) and
+* env: ``NVIDIA_VISIBLE_DEVICES`` (the selected GPUs' UUIDs, then the MIG
+  devices' names, never their parents' UUIDs; or ``none``) and
   ``NVIDIA_DRIVER_CAPABILITIES`` as granted;
 * container-start work: the bus ids that stay visible under
-  ``/proc/driver/nvidia/gpus``, the library symlinks (``libcuda.so.1`` ->
+  ``/proc/driver/nvidia/gpus`` (MIG parents included), the capability files
+  shown under ``capabilities/`` (each MIG device's two access files, the
+  monitor's or config's file; the whole folder with config), the library symlinks (``libcuda.so.1`` ->
   ``libcuda.so.<ver>``, ``libcuda.so`` -> ``libcuda.so.1``), the folders for
   the ld.so.conf.d entry, and the entries the container's ld.so.cache gains
   (the node cache's name, flags and ABI note of each library, at the path of
@@ -31,6 +39,7 @@ from collections.abc import Iterable
 
 from engine import catalogue, requirements
 from engine.config import EngineConfig
+from engine.errors import RequestError
 from engine.model import (
     Capability,
     DeviceKind,
@@ -41,12 +50,16 @@ from engine.model import (
     Inventory,
     LdCacheEntry,
     Library,
+    MigCap,
+    MigDevice,
     Mount,
     Plan,
     Symlink,
 )
 from engine.request import GpuRequest
 from engine.selection import select
+
+CAPS_DIR = "/dev/nvidia-caps"
 
 RO_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 # Read-only: connect(2) needs write permission on the socket's inode, not a writable
@@ -72,11 +85,15 @@ def plan(
     Raises RequestError / UnknownDeviceError (selection) and RequirementError
     (an unmet NVIDIA_REQUIRE_* condition) before building anything.
     """
-    gpus = select(request, inventory)
-    notes: list[str] = []
+    selected = select(request, inventory, refuse_mig_mode=config.policy.refuse_mig_mode_gpus)
+    gpus, migs = selected.gpus, selected.mig_devices
+    # The GPUs whose device node, procfs folder and requirements count: whole ones and MIG parents.
+    physical = tuple(dict.fromkeys((*gpus, *(m.parent for m in migs))))
+    cap_nodes, proc_caps = _mig_caps(request, inventory, physical, migs)
+    notes: list[str] = list(selected.notes)
     if request.requirements and config.policy.require_checks:
         facts = requirements.NodeFacts(cuda=inventory.cuda_version, driver=inventory.driver_version)
-        notes.extend(requirements.check(request.requirements, facts, gpus))
+        notes.extend(requirements.check(request.requirements, facts, physical))
     caps = request.capabilities
     libraries = _libraries(inventory.libraries, caps)
     known = inventory.files
@@ -86,13 +103,16 @@ def plan(
     return Plan(
         gpus=gpus,
         capabilities=caps,
-        devices=_devices(gpus, inventory, caps),
+        devices=_devices(physical, inventory, caps) + cap_nodes,
         mounts=_mounts(libraries, files, config),
         env=(
-            ("NVIDIA_VISIBLE_DEVICES", ",".join(g.uuid for g in gpus) or "none"),
+            ("NVIDIA_VISIBLE_DEVICES", ",".join((*(g.uuid for g in gpus), *(m.name for m in migs))) or "none"),
             ("NVIDIA_DRIVER_CAPABILITIES", ",".join(sorted(c.value for c in caps))),
         ),
-        visible_bus_ids=tuple(sorted(g.bus_id for g in gpus)),
+        visible_bus_ids=tuple(sorted(g.bus_id for g in physical)),
+        mig_devices=migs,
+        proc_caps=proc_caps,
+        proc_caps_all=request.mig_config,
         symlinks=_symlinks(libraries),
         ldconfig_folders=tuple(sorted({lib.folder for lib in libraries})),
         ld_cache_entries=_ld_cache_entries(libraries),
@@ -115,6 +135,52 @@ def _devices(gpus: tuple[Gpu, ...], inventory: Inventory, caps: frozenset[Capabi
         if kind in controls and _DEVICE_FOR_CAPABILITY[kind] & caps:
             nodes.append(controls[kind])
     return tuple(nodes)
+
+
+def _mig_caps(
+    request: GpuRequest, inventory: Inventory, physical: tuple[Gpu, ...], migs: tuple[MigDevice, ...]
+) -> tuple[tuple[DeviceNode, ...], tuple[str, ...]]:
+    """The ``nvidia-caps`` nodes and the ``capabilities/`` files (relative paths) of the
+    MIG devices and grants. Raises RequestError where the node lacks what they need."""
+    layout = inventory.mig
+    wanted: dict[str, MigCap] = {}  # relative path under capabilities/ -> its cap
+    for m in migs:
+        folder = f"gpu{m.parent.minor}/mig/gi{m.gpu_instance.gi}"
+        wanted[f"{folder}/access"] = m.gpu_instance.access
+        wanted[f"{folder}/ci{m.compute_instance.ci}/access"] = m.compute_instance.access
+    for granted, name, cap in (
+        (request.mig_monitor, "monitor", layout.monitor),
+        (request.mig_config, "config", layout.config),
+    ):
+        if not granted:
+            continue
+        if cap is None:
+            raise RequestError(
+                f"{request.source}: the MIG {name} capability was asked for, but this node has no "
+                f"/proc/driver/nvidia/capabilities/mig/{name}"
+            )
+        wanted[f"mig/{name}"] = cap
+    if request.mig_config:
+        # Config reaches every instance of its GPUs (creating one needs no node; using
+        # or destroying one does); instances made later need a new container.
+        for gpu in physical:
+            for gi in layout.instances_of(gpu.minor):
+                wanted.setdefault(f"gpu{gpu.minor}/mig/gi{gi.gi}/access", gi.access)
+                for ci in gi.compute_instances:
+                    wanted.setdefault(f"gpu{gpu.minor}/mig/gi{gi.gi}/ci{ci.ci}/access", ci.access)
+    if not wanted:
+        return (), ()
+    if layout.caps_major is None:
+        raise RequestError(
+            f"{request.source}: MIG capabilities need the nvidia-caps device major, which /proc/devices does not list"
+        )
+    nodes = {
+        cap.minor: DeviceNode(
+            f"{CAPS_DIR}/nvidia-cap{cap.minor}", layout.caps_major, cap.minor, "c", cap.mode, DeviceKind.MIG_CAP
+        )
+        for cap in wanted.values()
+    }
+    return tuple(nodes[minor] for minor in sorted(nodes)), tuple(sorted(wanted))
 
 
 def _libraries(libraries: tuple[Library, ...], caps: frozenset[Capability]) -> tuple[Library, ...]:

@@ -150,10 +150,21 @@ _NOTHING = RequestOutcome(None)
 _INDEX = re.compile(r"[0-9]+", re.ASCII)
 _RANGE = re.compile(r"([0-9]+)-([0-9]+)", re.ASCII)
 _UUID = re.compile(r"GPU-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})", re.ASCII | re.IGNORECASE)
-_MIG_INDEX = re.compile(r"[0-9]+:[0-9]+", re.ASCII)
+_UUID_BODY = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+_MIG_UUID = re.compile(rf"MIG-({_UUID_BODY})", re.ASCII | re.IGNORECASE)
+_MIG_PLACEMENT = re.compile(rf"MIG-GPU-({_UUID_BODY})/([0-9]+)/([0-9]+)", re.ASCII | re.IGNORECASE)
+_MIG_INDEX = re.compile(r"([0-9]+):([0-9]+)", re.ASCII)
+MAX_GPU_INSTANCE = 14  # the driver's GPU instance ids (swizzIds) are 0..14
+MAX_COMPUTE_INSTANCE = 7
+MIG_MONITOR = "NVIDIA_MIG_MONITOR_DEVICES"
+MIG_CONFIG = "NVIDIA_MIG_CONFIG_DEVICES"
 _CUDA_VERSION = re.compile(r"([0-9]+)\.([0-9]+)(?:\..*)?", re.ASCII)
 _KEYWORDS = ("void", "all", "none")
-_FORMS = "an index (0), a range (0-3), a GPU UUID (GPU-...), a PCI bus id (0000:07:00.0), all, none or void"
+_FORMS = (
+    "an index (0), a range (0-3), a GPU UUID (GPU-...), a PCI bus id (0000:07:00.0), "
+    "a MIG device (MIG-<uuid>, <gpu>:<mig>, MIG-GPU-<uuid>/<gi>/<ci>), all, none or void"
+)
+_MIG_FORMS = "MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, MIG-GPU-<gpu uuid>/<gi>/<ci> or <gpu>:<mig>"
 _CAPABILITY_BY_NAME = {c.value: c for c in Capability}
 _REQUIRE_NAME = re.compile(r"NVIDIA_REQUIRE_[A-Z0-9_]*", re.ASCII)
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})  # Go's strconv.ParseBool
@@ -222,8 +233,20 @@ def _parse_entry(entry: str, what: str) -> tuple[DeviceId, ...]:
         return tuple(ByIndex(i) for i in range(first, last + 1))
     if m := _UUID.fullmatch(entry):
         return (ByUuid("GPU-" + m[1].lower()),)
-    if entry.upper().startswith("MIG-") or _MIG_INDEX.fullmatch(entry):
-        raise RequestError(f"{what}: {_q(entry)}: MIG devices are not supported yet")
+    if m := _MIG_INDEX.fullmatch(entry):
+        return (ByMigIndex(_index(m[1], entry, what), _index(m[2], entry, what)),)
+    if m := _MIG_PLACEMENT.fullmatch(entry):
+        gi, ci = _instance_id(m[2], MAX_GPU_INSTANCE), _instance_id(m[3], MAX_COMPUTE_INSTANCE)
+        if gi is None or ci is None:
+            raise RequestError(
+                f"{what}: MIG device {_q(entry)}: GPU instances are 0-{MAX_GPU_INSTANCE} and "
+                f"compute instances 0-{MAX_COMPUTE_INSTANCE}"
+            )
+        return (ByMigPlacement("GPU-" + m[1].lower(), gi, ci),)
+    if m := _MIG_UUID.fullmatch(entry):
+        return (ByMigUuid("MIG-" + m[1].lower()),)
+    if entry.upper().startswith("MIG-"):
+        raise RequestError(f"{what}: malformed MIG device id {_q(entry)} (expected {_MIG_FORMS})")
     if entry.upper().startswith("GPU-"):
         raise RequestError(
             f"{what}: malformed GPU UUID {_q(entry)} (expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
@@ -240,6 +263,13 @@ def _index(digits: str, entry: str, what: str) -> int:
     if len(significant) > len(str(MAX_DEVICES)) or int(significant) >= MAX_DEVICES:
         raise RequestError(f"{what}: GPU index in {_q(entry)} is out of range (at most {MAX_DEVICES - 1})")
     return int(significant)
+
+
+def _instance_id(digits: str, highest: int) -> int | None:
+    """A GPU or compute instance id as the driver writes it (decimal, no leading zeros), or None."""
+    if len(digits) > 2 or (len(digits) > 1 and digits[0] == "0") or int(digits) > highest:
+        return None
+    return int(digits)
 
 
 def _unknown_entry(entry: str) -> str:
@@ -372,7 +402,7 @@ def parse_request(info: ContainerInfo, policy: Policy) -> RequestOutcome:
             _check_namespace(info, policy.namespaces, "namespaces", source)
             _check_namespace(info, policy.annotation_namespaces, "annotation_namespaces", source)
             what = f"{source}={_q(_bounded(value, source))}"
-            return _outcome(info.env, policy, source, parse_device_list(value, what=what))
+            return _outcome(info, policy, source, parse_device_list(value, what=what))
 
     env = info.env
     env_value = env.get(VISIBLE_DEVICES)
@@ -382,7 +412,7 @@ def parse_request(info: ContainerInfo, policy: Policy) -> RequestOutcome:
         if ids:
             _check_namespace(info, policy.namespaces, "namespaces", "volume mounts")
             what = f"volume mounts under {VOLUME_MARKER_DIR}/ ({', '.join(map(_q, ids[:8]))})"
-            return _outcome(env, policy, "volume mounts", _parse_entries(ids, what))
+            return _outcome(info, policy, "volume mounts", _parse_entries(ids, what))
         if names_markers:
             return RequestOutcome(
                 None, (f"env {VISIBLE_DEVICES}={VOLUME_MARKER_DIR} points at volume-mount markers, but there are none",)
@@ -409,7 +439,7 @@ def parse_request(info: ContainerInfo, policy: Policy) -> RequestOutcome:
         note = f"{source} ignored by policy: the container is not privileged and policy.accept_env_unprivileged is off"
         return RequestOutcome(None, (note,))
     what = f"{source}={_q(_bounded(env_value, source))}"
-    return _outcome(env, policy, source, parse_device_list(env_value, what=what))
+    return _outcome(info, policy, source, parse_device_list(env_value, what=what))
 
 
 def _not_allowed(info: ContainerInfo, allowed: tuple[str, ...], key: str) -> str:
@@ -426,12 +456,39 @@ def _check_namespace(info: ContainerInfo, allowed: tuple[str, ...] | None, key: 
         )
 
 
+def _mig_grant(info: ContainerInfo, name: str, allowed: tuple[str, ...] | None, key: str) -> bool:
+    """``NVIDIA_MIG_MONITOR_DEVICES`` / ``..._CONFIG_...``: unset or empty is no;
+    ``all`` (the only value the toolkit knows) is yes where ``policy.<key>`` allows
+    the pod's namespace, and refused elsewhere, as the toolkit refuses it to an
+    unprivileged container."""
+    value = info.env.get(name)
+    if value is None or not value.strip():
+        return False
+    if value.strip() != "all":
+        raise RequestError(f"env {name}={_q(value)}: only all is supported (as in the NVIDIA Container Toolkit)")
+    if allowed is not None and info.pod_namespace not in allowed:
+        listed = ", ".join(allowed[:16]) or "none"
+        raise RequestError(
+            f"env {name}=all on pod {_q(f'{info.pod_namespace}/{info.pod_name}')}: namespace "
+            f"{_q(info.pod_namespace)} may not have this MIG capability (policy.{key}: {listed})"
+        )
+    return True
+
+
 def _outcome(
-    env: Mapping[str, str], policy: Policy, source: str, parsed: tuple[Selection, tuple[DeviceId, ...]] | None
+    info: ContainerInfo, policy: Policy, source: str, parsed: tuple[Selection, tuple[DeviceId, ...]] | None
 ) -> RequestOutcome:
     if parsed is None:
         return _NOTHING
+    env = info.env
     selection, ids = parsed
+    monitor = _mig_grant(info, MIG_MONITOR, policy.mig_monitor_namespaces, "mig_monitor_namespaces")
+    config = _mig_grant(info, MIG_CONFIG, policy.mig_config_namespaces, "mig_config_namespaces")
+    if config and any(isinstance(i, (ByMigUuid, ByMigIndex, ByMigPlacement)) for i in ids):
+        raise RequestError(
+            f"env {MIG_CONFIG}=all together with specific MIG devices from {source}: the config capability "
+            "would expose their sibling MIG instances; ask for whole GPUs (or all) with it"
+        )
     notes: list[str] = []
     legacy = _is_legacy(env)
     asked = parse_capabilities(env.get(DRIVER_CAPABILITIES), legacy_image=legacy)
@@ -440,4 +497,5 @@ def _outcome(
         dropped = ", ".join(sorted(c.value for c in asked - capabilities))
         notes.append(f"capabilities capped by policy.capabilities: {dropped} dropped")
     requirements = _requirements(env, policy, legacy, notes)
-    return RequestOutcome(GpuRequest(selection, ids, capabilities, requirements, source), tuple(notes))
+    request = GpuRequest(selection, ids, capabilities, requirements, source, mig_monitor=monitor, mig_config=config)
+    return RequestOutcome(request, tuple(notes))

@@ -41,5 +41,5 @@ def to_adjustment(plan: Plan, container: api.Container) -> api.ContainerAdjustme
     for key, value in plan.env:
         if env.get(key) != value:
             adjust.env.add(key=key, value=value)
-    adjust.annotations[GPUS_ANNOTATION] = ",".join(g.uuid for g in plan.gpus) or "none"
+    adjust.annotations[GPUS_ANNOTATION] = ",".join(plan.device_names) or "none"
     return adjust

@@ -177,6 +177,31 @@ OPTIONS: tuple[Option, ...] = (
         "such an image gets GPUs only when it asks. Security: true hands all GPUs to any\n"
         "such image.",
     ),
+    Option(
+        "policy",
+        "mig_monitor_namespaces",
+        '["kube-system", "gpu-operator"]',
+        "Namespaces whose pods may ask for NVIDIA_MIG_MONITOR_DEVICES=all (the device plugin,\n"
+        "GPU feature discovery and DCGM do on MIG nodes: NVML there needs the monitor\n"
+        'capability). "*" for all. The toolkit asks for CAP_SYS_ADMIN, which NRI does not\n'
+        "show a plugin; a pod elsewhere that asks is refused. Security: the monitor\n"
+        "capability shows every MIG device of the container's GPUs (memory, processes).",
+    ),
+    Option(
+        "policy",
+        "mig_config_namespaces",
+        "[]",
+        "Namespaces whose pods may ask for NVIDIA_MIG_CONFIG_DEVICES=all (NVIDIA's mig-manager:\n"
+        "create and destroy MIG instances). Refused together with specific MIG devices, as\n"
+        "the toolkit does. Security: the config capability reshapes every tenant's MIG devices.",
+    ),
+    Option(
+        "policy",
+        "refuse_mig_mode_gpus",
+        "false",
+        "A whole-GPU request (0, GPU-..., a bus id) for a GPU in MIG mode: CUDA sees no device\n"
+        "in it. false serves it with a note in the log; true refuses the container.",
+    ),
 )
 
 TABLES = ("plugin", "engine", "policy")

@@ -21,6 +21,7 @@ from engine.model import DriverFile, Inventory, Plan
 from engine.plan import ipc_in_mounts
 from engine.plan import plan as make_plan
 from engine.request import GpuRequest, parse_request
+from engine.selection import UnknownMigDeviceError
 from engine.start.runner import find_init_pid, run_start_async, shows_driver_view
 from engine.start.work import start_work
 from plugin import budget
@@ -89,7 +90,10 @@ class GpuPlugin:
                 result = self._plan_on(request, inventory, ipc)
             except UnknownDeviceError as missing:
                 waiting = time.perf_counter()
-                newer = await self._inventory.newer(budget.left() * share)
+                # NVML's snapshot lacking a MIG UUID may be older than the instance
+                # (made again under the same ids): take it again even if procfs looks the same.
+                stale = isinstance(missing, UnknownMigDeviceError)
+                newer = await self._inventory.newer(budget.left() * share, force=stale)
                 waited = time.perf_counter() - waiting
                 if steps is not None:
                     steps["inventory_wait"] = waited * 1000
@@ -149,7 +153,7 @@ class GpuPlugin:
         capabilities = sorted(c.value for c in plan.capabilities)
         ms = self._took(STEP_PLAN, began)
         if self._metrics is not None:
-            self._metrics.gpus_allocated.inc(len(plan.gpus))
+            self._metrics.gpus_allocated.inc(len(plan.gpus) + len(plan.mig_devices))
             self._metrics.plan_timings(steps)
         fields = _fields(
             "CreateContainer",
@@ -158,6 +162,7 @@ class GpuPlugin:
             decision="allocated",
             gpus=[g.index for g in plan.gpus],
             gpu_uuids=[g.uuid for g in plan.gpus],
+            **({"mig_devices": [m.name for m in plan.mig_devices]} if plan.mig_devices else {}),
             capabilities=capabilities,
             devices=len(adjustment.linux.devices),
             mounts=len(adjustment.mounts),
@@ -167,7 +172,7 @@ class GpuPlugin:
         logger.info(
             "%s: GPUs %s, capabilities %s, %d devices, %d mounts (%.2f ms)",
             describe(pod, container),
-            ",".join(str(g.index) for g in plan.gpus) or "none",
+            ",".join([*(str(g.index) for g in plan.gpus), *(m.index or m.name for m in plan.mig_devices)]) or "none",
             ",".join(capabilities),
             len(adjustment.linux.devices),
             len(adjustment.mounts),
@@ -237,7 +242,7 @@ class GpuPlugin:
             self._log_start_refusal(pod, container, began, reason, exc)
             raise PluginError(reason) from exc
         ms = self._took(STEP_START, began)
-        bus_ids = [g.bus_id for g in plan.gpus]
+        bus_ids = list(plan.visible_bus_ids)
         fields = _fields(
             "StartContainer",
             pod,
@@ -276,7 +281,7 @@ class GpuPlugin:
                 "it asks for GPUs but was created while nri-gpu was not connected, so it has none of their "
                 "devices or driver files; delete it and create it again"
             )
-        planned = ",".join(g.uuid for g in plan.gpus) or "none"
+        planned = ",".join(plan.device_names) or "none"
         if given != planned:
             raise PluginError(f"it was created with GPUs {given}, but its request now selects {planned}")
         return plan

@@ -19,6 +19,7 @@ seconds.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -70,15 +71,17 @@ class LiveInventory:
             self._start()
         return self._cache.current
 
-    async def newer(self, timeout: float) -> Inventory | None:
+    async def newer(self, timeout: float, *, force: bool = False) -> Inventory | None:
         """The inventory once the refresh in flight (or one started now) is done;
         the current one if a refresh began less than ``recheck`` seconds ago and
-        none runs; None if not done within ``timeout`` seconds (it goes on)."""
+        none runs; None if not done within ``timeout`` seconds (it goes on).
+        ``force``: a refresh started now takes the inventory again even if the
+        fingerprint has not changed (``InventoryCache.refresh``)."""
         running = self._running
         if running is None:
             if self._clock() - self._began < self._recheck:
                 return self._cache.current
-            running = self._start()
+            running = self._start(force=force)
         elif self._clock() - self._began > self._hang_after:
             return None  # it hangs or crawls: the next check after it ends takes over
         try:
@@ -86,11 +89,11 @@ class LiveInventory:
         except TimeoutError:
             return None
 
-    def _start(self) -> asyncio.Future[Inventory]:
+    def _start(self, *, force: bool = False) -> asyncio.Future[Inventory]:
         self._began = self._clock()
         running: asyncio.Future[Inventory] = asyncio.get_running_loop().create_future()
         try:
-            taking = in_thread(self._cache.refresh, "nri-gpu-inventory")
+            taking = in_thread(functools.partial(self._cache.refresh, force=force), "nri-gpu-inventory")
         except RuntimeError as exc:
             # No thread to be had (the pod's pids limit, memory): the old inventory
             # serves, and the next check tries again. Never marked running: nothing

@@ -259,7 +259,7 @@ class PluginMetrics:
             ["step"],
         )
         self.gpus_allocated = r.counter(
-            "nri_gpu_gpus_allocated_total", "GPUs given to containers at CreateContainer (one per GPU per container)."
+            "nri_gpu_gpus_allocated_total", "GPUs and MIG devices given to containers at CreateContainer (one per device per container)."
         )
         self.registered = r.gauge("nri_gpu_registered", "1 while registered with the runtime, else 0.")
         self.registrations = r.counter(

@@ -23,6 +23,9 @@ from engine.request import (
     VOLUME_MARKER_DIR,
     ByBusId,
     ByIndex,
+    ByMigIndex,
+    ByMigPlacement,
+    ByMigUuid,
     ByUuid,
     ContainerInfo,
     GpuRequest,
@@ -36,6 +39,7 @@ from engine.requirements import MAX_VARIABLES
 
 C = Capability
 UUID = "GPU-8e9f1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b"
+MIG_UUID = "MIG-0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d"
 WHAT = 'env NVIDIA_VISIBLE_DEVICES="..."'
 
 
@@ -97,6 +101,15 @@ def test_doctests() -> None:
         ("0000:AB:00.0", (Selection.LIST, (ByBusId("0000:ab:00.0"),))),
         ("07:00.0,0000:07:00.0", (Selection.LIST, (ByBusId("0000:07:00.0"),))),
         (f"1, {UUID} ,07:00.0", (Selection.LIST, (ByIndex(1), ByUuid(UUID), ByBusId("0000:07:00.0")))),
+        # MIG: NVML's UUID (any case), i:j (as the toolkit reads "07:00" too), the legacy placement
+        (MIG_UUID.upper(), (Selection.LIST, (ByMigUuid(MIG_UUID),))),
+        ("0:1,1:0,0:1", (Selection.LIST, (ByMigIndex(0, 1), ByMigIndex(1, 0)))),
+        ("07:00", (Selection.LIST, (ByMigIndex(7, 0),))),
+        (f"MIG-{UUID.upper()}/14/7", (Selection.LIST, (ByMigPlacement(UUID, 14, 7),))),
+        (
+            f"0,MIG-{UUID}/2/0,{MIG_UUID}",
+            (Selection.LIST, (ByIndex(0), ByMigPlacement(UUID, 2, 0), ByMigUuid(MIG_UUID))),
+        ),
     ],
     ids=lambda v: repr(v) if isinstance(v, str) else "void" if v is None else v[0].value,
 )
@@ -126,13 +139,18 @@ def test_valid_device_lists(value: str, expected: Any) -> None:
         ("GPU-1234", '"GPU-1234"', "malformed GPU UUID"),
         (UUID + "0", f'"{UUID}0"', "malformed GPU UUID"),
         ("GPU-8e9f1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4g", '"GPU-8e9f1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4g"', "malformed"),
-        ("MIG-8e9f1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b", '"MIG-8e9f1a2b', "MIG devices are not supported yet"),
-        (f"MIG-{UUID}/1/0", f'"MIG-{UUID}/1/0"', "MIG devices are not supported yet"),
-        ("0:1", '"0:1"', "MIG devices are not supported yet"),
+        ("MIG-8e9f1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4", '"MIG-8e9f1a2b', "malformed MIG device id"),
+        ("MIG-1", '"MIG-1"', "malformed MIG device id"),
+        (f"MIG-{UUID}/1", f'"MIG-{UUID}/1"', "malformed MIG device id"),
+        (f"MIG-{UUID}/15/0", f'"MIG-{UUID}/15/0"', "GPU instances are 0-14"),
+        (f"MIG-{UUID}/1/8", f'"MIG-{UUID}/1/8"', "compute instances 0-7"),
+        (f"MIG-{UUID}/01/0", f'"MIG-{UUID}/01/0"', "GPU instances are 0-14"),
+        (f"MIG-{UUID}/{'9' * 5000}/0", f'"MIG-{UUID}/', "GPU instances are 0-14"),
+        ("0:1024", '"0:1024"', "out of range"),
+        ("0:1:2", '"0:1:2"', "unknown device"),
         ("ALL", '"ALL"', "did you mean all?"),
         ("Void", '"Void"', "did you mean void?"),
         ("nvidia.com/gpu=0", '"nvidia.com/gpu=0"', "CDI device names are not supported"),
-        ("07:00", '"07:00"', "MIG devices are not supported yet"),  # i:j, as the toolkit reads it
     ],
     ids=lambda v: repr(v[:40]) if isinstance(v, str) else None,
 )
@@ -522,7 +540,10 @@ BOMB = "1" * (4 << 20)
     ("kw", "named"),
     [
         ({"env": {"NVIDIA_VISIBLE_DEVICES": BOMB}}, "env NVIDIA_VISIBLE_DEVICES"),
-        ({"env": {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": BOMB}}, "env NVIDIA_DRIVER_CAPABILITIES"),
+        (
+            {"env": {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": BOMB}},
+            "env NVIDIA_DRIVER_CAPABILITIES",
+        ),
         ({"env": {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_REQUIRE_CUDA": "cuda>=" + BOMB}}, "env NVIDIA_REQUIRE_CUDA"),
         ({"env": {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_DISABLE_REQUIRE": BOMB}}, "env NVIDIA_DISABLE_REQUIRE"),
         ({"env": {"NVIDIA_VISIBLE_DEVICES": "0", "CUDA_VERSION": BOMB}}, "env CUDA_VERSION"),
@@ -597,7 +618,9 @@ def test_require_variable_names_outside_a_z_0_9_are_refused_and_quoted(name: str
 
 
 def test_names_and_values_within_the_bounds_still_work() -> None:
-    ok = request(env={"NVIDIA_VISIBLE_DEVICES": ",".join(["0"] * MAX_LIST_ENTRIES), "NVIDIA_REQUIRE_CUDA_12": "cuda>=1"})
+    ok = request(
+        env={"NVIDIA_VISIBLE_DEVICES": ",".join(["0"] * MAX_LIST_ENTRIES), "NVIDIA_REQUIRE_CUDA_12": "cuda>=1"}
+    )
     assert ok.ids == (ByIndex(0),) and ok.requirements == (("NVIDIA_REQUIRE_CUDA_12", "cuda>=1"),)
     assert request(annotations={POD_ANNOTATION: "0" + " " * (MAX_VALUE_LENGTH - 1)}).ids == (ByIndex(0),)
 
@@ -629,3 +652,43 @@ def test_any_capability_text_parses_or_raises_request_error(value: str) -> None:
     except RequestError:
         return
     assert caps and caps <= ALL_CAPABILITIES
+
+
+# -- MIG monitor and config grants ---------------------------------------------------------------
+
+
+def test_mig_monitor_is_granted_only_to_the_namespaces_policy_lists() -> None:
+    env = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_MIG_MONITOR_DEVICES": "all"}
+    assert request(env, pod_namespace="kube-system").mig_monitor  # the default list
+    assert not request({"NVIDIA_VISIBLE_DEVICES": "all"}, pod_namespace="kube-system").mig_monitor
+    with pytest.raises(RequestError) as exc:
+        outcome(env, pod_namespace="ml", pod_name="p")
+    message = str(exc.value)
+    assert "NVIDIA_MIG_MONITOR_DEVICES=all" in message and '"ml/p"' in message, message
+    assert "policy.mig_monitor_namespaces: kube-system, gpu-operator" in message, message
+    assert request(env, pod_namespace="ml", policy=Policy(mig_monitor_namespaces=None)).mig_monitor
+
+
+def test_mig_config_is_refused_by_default_and_never_with_specific_mig_devices() -> None:
+    env = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_MIG_CONFIG_DEVICES": "all"}
+    with pytest.raises(RequestError, match=r"policy.mig_config_namespaces: none"):
+        outcome(env, pod_namespace="kube-system")
+    allowed = Policy(mig_config_namespaces=("mig",))
+    assert request(env, pod_namespace="mig", policy=allowed).mig_config
+    assert request({**env, "NVIDIA_VISIBLE_DEVICES": "0,1"}, pod_namespace="mig", policy=allowed).mig_config
+    for device in (MIG_UUID, "0:1", f"MIG-{UUID}/1/0"):
+        with pytest.raises(RequestError, match="would expose their sibling MIG instances"):
+            outcome({**env, "NVIDIA_VISIBLE_DEVICES": f"0,{device}"}, pod_namespace="mig", policy=allowed)
+
+
+@pytest.mark.parametrize("value", ["0", "none", "ALL", "all,0", "x" * 20000])
+def test_mig_grants_know_only_all(value: str) -> None:
+    env = {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_MIG_MONITOR_DEVICES": value}
+    with pytest.raises(RequestError, match=r"NVIDIA_MIG_MONITOR_DEVICES=.*only all is supported") as exc:
+        outcome(env, pod_namespace="kube-system")
+    assert len(str(exc.value)) < 400
+
+
+def test_mig_grants_without_a_device_request_give_nothing() -> None:
+    env = {"NVIDIA_MIG_MONITOR_DEVICES": "all", "NVIDIA_MIG_CONFIG_DEVICES": "all"}
+    assert outcome(env, pod_namespace="ml").request is None

@@ -56,7 +56,7 @@ def test_a_refresh_that_outlived_a_whole_request_is_not_waited_for_again(
     config = EngineConfig(driver_root=str(node.driver_root), dev_root=str(node.dev_root), proc_root=str(node.proc_root))
     cache = InventoryCache(config, interval=0, take=lambda c: discover(c, cuda_version=lambda p: ("12.4", None)))
     release = threading.Event()
-    monkeypatch.setattr(cache, "refresh", lambda: release.wait(10))
+    monkeypatch.setattr(cache, "refresh", lambda force=False: release.wait(10))
     now = [0.0]
     live = LiveInventory(cache, interval=1000, recheck=0, hang_after=2.0, clock=lambda: now[0])
 
