@@ -47,6 +47,11 @@ ENTRIES = st.one_of(
     st.sampled_from(["0", "1", "007", "1023", "1024", "all", "none", "void", "ALL", "MIG-1", "0:1", "cdi/x", "a=b"]),
     st.sampled_from(["GPU-8e9f1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b", "gpu-8E9F1A2B-3C4D-5E6F-7A8B-9C0D1E2F3A4B", "GPU-1"]),
     st.sampled_from(["0000:07:00.0", "07:00.0", "00010000:b1:1f.7", "0000:07:20.0", "imex/channel0", ""]),
+    st.sampled_from(["MIG-8e9f1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b", "MIG-GPU-8e9f1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b/2/0"]),
+    st.tuples(st.integers(0, 20), st.integers(0, 9)).map(
+        lambda r: f"MIG-GPU-8e9f1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b/{r[0]}/{r[1]}"
+    ),
+    st.tuples(st.integers(0, 1100), st.integers(0, 1100)).map(lambda r: f"{r[0]}:{r[1]}"),
     st.tuples(st.integers(0, 1100), st.integers(0, 1100)).map(lambda r: f"{r[0]}-{r[1]}"),
     st.integers(0, 2000).map(str),
 )
@@ -67,6 +72,10 @@ ENV_VALUES = {
     "NVIDIA_REQUIRE_CUDA": REQUIRES,
     "NVIDIA_REQUIRE_ARCH": REQUIRES,
     "NVIDIA_REQUIRE_JETPACK": REQUIRES,
+    "NVIDIA_MIG_MONITOR_DEVICES": st.one_of(
+        st.sampled_from(["all", "", " all ", "none"]), mutated_text(st.just("all"))
+    ),
+    "NVIDIA_MIG_CONFIG_DEVICES": st.one_of(st.sampled_from(["all", "", "0"]), mutated_text(st.just("all"))),
 }
 # Up to 4 MB (what one NRI message can carry) and 180k entries, built by repetition (cheap to draw).
 PIECES = [
@@ -83,9 +92,7 @@ PIECES = [
     "\n",
     "é",
 ]
-BOMBS = st.tuples(st.sampled_from(PIECES), st.sampled_from([300, 5000, 20_000, 180_000])).map(
-    lambda t: t[0] * t[1]
-)
+BOMBS = st.tuples(st.sampled_from(PIECES), st.sampled_from([300, 5000, 20_000, 180_000])).map(lambda t: t[0] * t[1])
 NAMES = st.one_of(
     st.sampled_from(["NVIDIA_REQUIRE_X\n2026-01-01 INFO forged", "NVIDIA_REQUIRE_cuda", "NVIDIA_REQUIRE_\x1b[2J"]),
     st.text(max_size=12).map(lambda t: "NVIDIA_REQUIRE_" + t),
@@ -113,6 +120,11 @@ POLICIES = st.builds(
     capabilities=st.frozensets(st.sampled_from(list(Capability))),
     require_checks=st.booleans(),
     legacy_image_all_gpus=st.booleans(),
+    mig_monitor_namespaces=st.one_of(
+        st.none(), st.lists(st.sampled_from(["ml", "default", ""]), max_size=2).map(tuple)
+    ),
+    mig_config_namespaces=st.one_of(st.none(), st.lists(st.sampled_from(["ml", "default"]), max_size=2).map(tuple)),
+    refuse_mig_mode_gpus=st.booleans(),
 )
 MARKERS = st.lists(
     st.tuples(

@@ -72,3 +72,26 @@ def test_a_refresh_that_outlived_a_whole_request_is_not_waited_for_again(
         assert waited < 0.1, f"waited {waited:.2f} s again for a refresh that hangs"
 
     asyncio.run(main())
+
+
+def test_a_forced_refresh_takes_the_inventory_again_though_procfs_looks_the_same(tmp_path: Path) -> None:
+    """A MIG instance destroyed and made again under the same ids keeps its procfs
+    folders (same fingerprint) but gets a new MIG UUID from NVML: a request naming
+    the new UUID asks for a forced refresh, which must run discovery again."""
+    node = build_node(tmp_path, gpus=2)
+    config = EngineConfig(driver_root=str(node.driver_root), dev_root=str(node.dev_root), proc_root=str(node.proc_root))
+    taken: list[int] = []
+
+    def take(c: EngineConfig) -> Inventory:
+        taken.append(1)
+        return discover(c, cuda_version=lambda p: ("12.4", None))
+
+    live = LiveInventory(InventoryCache(config, interval=1000, take=take), interval=1000, recheck=0)
+
+    async def main() -> None:
+        await live.newer(5.0)
+        assert len(taken) == 1  # the fingerprint is the same: nothing taken again
+        await live.newer(5.0, force=True)
+        assert len(taken) == 2
+
+    asyncio.run(main())
