@@ -3,22 +3,33 @@
 CDI (the Container Device Interface) names devices ``vendor/class=name``; the
 runtime reads a spec file and applies the named devices' edits to the OCI spec.
 Ours is kind ``nvidia.com/gpu`` with one device per GPU under two names, its
-index (``nvidia.com/gpu=0``) and its UUID (``nvidia.com/gpu=GPU-...``), and
-``all``. A device's own edits are its ``/dev/nvidiaN`` node. The spec-wide
-edits, applied once whenever any of its devices is, are the rest of the
-engine's plan for the same capabilities: the control nodes, the driver's files
-as read-only binds, the env, and a ``createContainer`` hook that does the start
-work the NRI path does at StartContainer (the procfs view, the library links,
-the ld.so cache). So ``nvidia.com/gpu=0`` gives what the annotation
-``nvidia.com/gpus: 0`` gives through NRI.
+index (``nvidia.com/gpu=0``) and its UUID (``nvidia.com/gpu=GPU-...``); one
+per MIG device under the toolkit's two names, ``<i>:<j>`` and ``MIG-<uuid>``;
+and ``all``. A device's own edits are its nodes: a GPU's ``/dev/nvidiaN``, a
+MIG device's parent ``/dev/nvidiaN`` and its GPU and compute instances'
+``/dev/nvidia-caps/nvidia-cap<minor>``. The spec-wide edits, applied once
+whenever any of its devices is, are the rest of the engine's plan for the same
+capabilities: the control nodes, the driver's files as read-only binds, the
+env, and a ``createContainer`` hook that does the start work the NRI path does
+at StartContainer (the procfs view, the library links, the ld.so cache). So
+``nvidia.com/gpu=0`` gives what the annotation ``nvidia.com/gpus: 0`` gives
+through NRI.
+
+MIG, as the toolkit's jit-cdi mode does it: ``all`` is every whole GPU not in
+MIG mode plus every MIG device (a GPU with instances is in MIG mode, whatever
+NVML says). MIG devices are named only as NVML names them (``i:j`` and their
+UUID cannot be had from procfs): on a node with instances whose NVML could not
+be asked the spec has none, and ``spec_warnings`` says so. The spec is written
+once: instances made or destroyed later need it generated again.
 
 Two deliberate differences from the plan:
 
 * ``NVIDIA_VISIBLE_DEVICES=void``: the GPUs are chosen by the CDI device names,
   and ``void`` keeps nri-gpu (or the NVIDIA runtime) on the same node from
   acting on the container a second time.
-* The hook finds which GPUs it serves in the bundle's device list (a CDI hook
-  cannot be per device: two devices would run it twice with different views).
+* The hook finds which GPUs and MIG devices it serves in the bundle's device
+  list (a CDI hook cannot be per device: two devices would run it twice with
+  different views).
 
 The hook runs as root at every start of a GPU container, with runc's working
 directory in the container's bundle. Its environment makes Python import
@@ -30,12 +41,13 @@ the runtime kill a hook that hangs, after the hook's own limit
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig
 from engine.errors import DiscoveryError
-from engine.model import Capability, DeviceKind, DeviceNode, Inventory, Plan
+from engine.model import Capability, DeviceKind, DeviceNode, Gpu, Inventory, MigCap, MigDevice, Plan
 from engine.plan import plan as make_plan
 from engine.request import GpuRequest, Selection
 
@@ -48,6 +60,8 @@ __all__ = [
     "HookCommand",
     "cdi_spec",
     "hook_command",
+    "named_mig_devices",
+    "spec_warnings",
 ]
 
 # 0.5.0 has every field used here and is read by the CDI library of containerd
@@ -70,6 +84,10 @@ HOOK_TIME_LIMIT = 10.0
 # field is an integer). Above the hook's own limit, with room for Python's start,
 # so that a slow hook ends with its own message rather than runc's "timed out".
 HOOK_TIMEOUT = 15
+CAPS_DIR = "/dev/nvidia-caps"
+# CDI's rule for a device name (the "name" part of vendor/class=name).
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]*", re.ASCII)
+_NAMES_SHOWN = 8
 
 
 @dataclass(frozen=True)
@@ -116,18 +134,118 @@ def cdi_spec(
     """The spec as plain data (the JSON a CDI spec file holds).
 
     Raises DiscoveryError on a node without GPUs: a CDI spec must name a device.
+    What it leaves out is in ``spec_warnings(inventory)``.
     """
     if not inventory.gpus:
         raise DiscoveryError("no GPU found on this node (see `nri-gpu info`): a CDI spec needs at least one device")
-    every = make_plan(GpuRequest(Selection.ALL, (), capabilities, (), "CDI spec"), inventory, config)
-    per_gpu = {node.minor: node for node in every.devices if node.kind is DeviceKind.GPU}
+    # What every container of the spec gets besides its devices: the plan for none.
+    common = make_plan(GpuRequest(Selection.NONE, (), capabilities, (), "CDI spec"), inventory, config)
+    gpus = sorted(inventory.gpus, key=lambda g: g.index)
     devices: list[dict[str, Any]] = []
-    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
-        edits = {"deviceNodes": [_device(per_gpu[gpu.minor])]} if gpu.minor in per_gpu else {}
+    for gpu in gpus:
+        node = _gpu_node(inventory, gpu)
+        edits = {"deviceNodes": [_device(node)]} if node is not None else {}
         devices.append({"name": str(gpu.index), "containerEdits": edits})
         devices.append({"name": gpu.uuid, "containerEdits": edits})
-    devices.append({"name": "all", "containerEdits": {"deviceNodes": [_device(per_gpu[m]) for m in sorted(per_gpu)]}})
-    return {"cdiVersion": CDI_VERSION, "kind": KIND, "devices": devices, "containerEdits": _common(every, hook)}
+    migs, _ = _mig_devices(inventory)
+    for mig in migs:
+        edits = {"deviceNodes": [_device(node) for node in _mig_nodes(inventory, mig)]}
+        devices.append({"name": mig.index, "containerEdits": edits})
+        devices.append({"name": mig.uuid, "containerEdits": edits})
+    whole = [gpu for gpu in gpus if not _in_mig_mode(inventory, gpu)]
+    every = {n.minor: n for n in (_gpu_node(inventory, g) for g in (*whole, *(m.parent for m in migs))) if n}
+    caps = {n.minor: n for mig in migs for n in _mig_nodes(inventory, mig) if n.kind is DeviceKind.MIG_CAP}
+    nodes = [every[m] for m in sorted(every)] + [caps[m] for m in sorted(caps)]
+    devices.append({"name": "all", "containerEdits": {"deviceNodes": [_device(n) for n in nodes]}})
+    return {"cdiVersion": CDI_VERSION, "kind": KIND, "devices": devices, "containerEdits": _common(common, hook)}
+
+
+def spec_warnings(inventory: Inventory) -> tuple[str, ...]:
+    """What ``cdi_spec`` leaves out of the node's MIG devices, and why (for the
+    command that writes the spec to print); () when it leaves out nothing."""
+    return _mig_devices(inventory)[1]
+
+
+def named_mig_devices(inventory: Inventory) -> tuple[MigDevice, ...]:
+    """Every MIG device NVML's snapshot names (``inventory.mig.nvml``) whose parent
+    GPU (by UUID and minor) and GPU and compute instances procfs shows, with its
+    UUID and ``i:j``; by NVML's GPU index, then MIG index. () without a snapshot."""
+    layout = inventory.mig
+    if layout.nvml is None:
+        return ()
+    found: list[tuple[tuple[int, int], MigDevice]] = []
+    for seen in layout.nvml.gpus:
+        parent = next((g for g in inventory.gpus if g.uuid.lower() == seen.uuid.lower()), None)
+        if parent is None or parent.minor != seen.minor:
+            continue
+        for dev in seen.mig_devices:
+            gi = layout.instance(parent.minor, dev.gi)
+            ci = next((c for c in gi.compute_instances if c.ci == dev.ci), None) if gi is not None else None
+            if gi is not None and ci is not None:
+                found.append(
+                    ((seen.index, dev.index), MigDevice(parent, gi, ci, dev.uuid, f"{seen.index}:{dev.index}"))
+                )
+    return tuple(mig for _, mig in sorted(found, key=lambda pair: pair[0]))
+
+
+def _mig_devices(inventory: Inventory) -> tuple[tuple[MigDevice, ...], tuple[str, ...]]:
+    """The MIG devices the spec names, and what it leaves out (in words)."""
+    layout = inventory.mig
+    placements = [
+        f"gpu{gi.gpu_minor}/mig/gi{gi.gi}/ci{ci.ci}" for gi in layout.gpu_instances for ci in gi.compute_instances
+    ]
+    if not placements:
+        return (), ()
+    if layout.nvml is None:
+        why = layout.nvml_error or "NVML was not asked"
+        return (), (
+            f"the spec has no MIG devices: NVML, which alone names them (MIG-<uuid>, i:j), did not answer ({why}); "
+            f"this node has {_few(placements)}; `all` leaves out the GPUs in MIG mode",
+        )
+    if layout.caps_major is None:
+        return (), ("the spec has no MIG devices: /proc/devices lists no nvidia-caps major for their nodes",)
+    named = named_mig_devices(inventory)
+    good = tuple(m for m in named if _NAME.fullmatch(m.uuid or "") and _NAME.fullmatch(m.index or ""))
+    warnings = []
+    bad = [f"{m.uuid!r} ({m.placement})" for m in named if m not in good]
+    if bad:
+        warnings.append(f"MIG devices left out, NVML's name is not a CDI device name: {_few(bad)}")
+    unnamed = sorted(set(placements) - {m.placement for m in named})
+    if unnamed:
+        warnings.append(f"MIG devices left out, NVML did not name them (made since it was asked?): {_few(unnamed)}")
+    return good, tuple(warnings)
+
+
+def _few(names: list[str]) -> str:
+    more = f" and {len(names) - _NAMES_SHOWN} more" if len(names) > _NAMES_SHOWN else ""
+    return ", ".join(names[:_NAMES_SHOWN]) + more
+
+
+def _in_mig_mode(inventory: Inventory, gpu: Gpu) -> bool:
+    """Procfs shows instances of ``gpu``, or NVML says its MIG mode is on."""
+    if inventory.mig.instances_of(gpu.minor):
+        return True
+    seen = inventory.mig.nvml.gpu(gpu.uuid) if inventory.mig.nvml is not None else None
+    return bool(seen is not None and seen.mig_current)
+
+
+def _gpu_node(inventory: Inventory, gpu: Gpu) -> DeviceNode | None:
+    """``/dev/nvidia<minor>``, as the plan gives it (None without an nvidia major)."""
+    if inventory.nvidia_major is None:
+        return None
+    return DeviceNode(f"/dev/nvidia{gpu.minor}", inventory.nvidia_major, gpu.minor, kind=DeviceKind.GPU)
+
+
+def _cap_node(major: int, cap: MigCap) -> DeviceNode:
+    return DeviceNode(f"{CAPS_DIR}/nvidia-cap{cap.minor}", major, cap.minor, "c", cap.mode, DeviceKind.MIG_CAP)
+
+
+def _mig_nodes(inventory: Inventory, mig: MigDevice) -> tuple[DeviceNode, ...]:
+    """A MIG device's nodes: its parent's, its GPU instance's and compute instance's caps."""
+    assert inventory.mig.caps_major is not None  # _mig_devices names none without it
+    parent = _gpu_node(inventory, mig.parent)
+    caps = (mig.gpu_instance.access, mig.compute_instance.access)
+    return (*((parent,) if parent else ()), *(_cap_node(inventory.mig.caps_major, c) for c in caps))
 
 
 def _common(every: Plan, hook: HookCommand) -> dict[str, Any]:
@@ -135,7 +253,9 @@ def _common(every: Plan, hook: HookCommand) -> dict[str, Any]:
     env["NVIDIA_VISIBLE_DEVICES"] = "void"
     return {
         "env": [f"{key}={value}" for key, value in env.items()],
-        "deviceNodes": [_device(node) for node in every.devices if node.kind is not DeviceKind.GPU],
+        "deviceNodes": [
+            _device(node) for node in every.devices if node.kind not in (DeviceKind.GPU, DeviceKind.MIG_CAP)
+        ],
         "mounts": [
             {"hostPath": m.source, "containerPath": m.destination, "type": "bind", "options": list(m.options)}
             for m in every.mounts
