@@ -12,6 +12,7 @@ the parent.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -26,7 +27,7 @@ from tests.testbed.gpunode import CAPS_MAJOR, SimNode, build_node, reconfigure_m
 from tests.testbed.images import GLIBC
 from tests.testbed.plugins import NriGpuProcess
 
-from .conftest import Testbed
+from .conftest import Testbed, write_cdi_spec
 
 SLEEP = ["sh", "-c", "sleep 3600"]
 # GPU 1: MIG on, no instances; GPU 2: a 3g GPU instance with three compute instances, a 2g with one.
@@ -154,3 +155,38 @@ def test_a_reconfigured_node_is_picked_up(
         assert "has no GPU instance 2 with compute instance 1" in str(err.value), err.value
     finally:
         reconfigure_mig(node, MIG)
+
+
+def test_the_cdi_path_gives_a_mig_device_the_same_view(
+    testbed: Testbed, cri: CriClient, plugin: NriGpuProcess, node: SimNode
+) -> None:
+    """``nvidia.com/gpu=<i:j>`` and ``=MIG-<uuid>`` from the spec ``nri-gpu cdi generate``
+    writes: containerd's CDI code adds the nodes, our hook makes the view; the
+    container must equal one given the same MIG device through NRI."""
+    dev = next(d for d in devices_of(node) if (d.gpu_instance.gi, d.compute_instance.ci) == (3, 0))
+    path = write_cdi_spec(testbed, node, "nri-gpu-mig.json")
+    try:
+        names = [d["name"] for d in json.loads(path.read_text())["devices"]]
+        assert dev.index in names and dev.uuid in names
+        seen = []
+        for name in (dev.index, dev.uuid):
+            pod = cri.run_pod(f"cdi-mig-{len(seen)}")
+            cid = cri.run_container(
+                pod, "main", SLEEP, image=GLIBC, annotations={"cdi.k8s.io/nri-gpu": f"nvidia.com/gpu={name}"}
+            )
+            seen.append(cid)
+        nri = run(cri, "nri-mig", {"NVIDIA_VISIBLE_DEVICES": str(dev.uuid)})
+
+        def looks(cid: str) -> tuple[str, str, str]:
+            return (
+                sh(cri, cid, "ls -l /dev/nvidia* /dev/nvidia-caps | awk '{print $1, $5, $6, $NF}'"),
+                sh(cri, cid, "cd /proc/driver/nvidia && find . | sort"),
+                sh(cri, cid, "ldconfig -p | grep -c nvidia"),
+            )
+
+        m = dev.parent.minor
+        for cid in seen:
+            assert looks(cid) == looks(nri)
+            assert caps_files(cri, cid) == [f"gpu{m}/mig/gi3/access", f"gpu{m}/mig/gi3/ci0/access"]
+    finally:
+        path.unlink(missing_ok=True)
