@@ -238,7 +238,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 
 
 def plan_text(plan: Plan) -> str:
-    gpus = ", ".join(f"{g.index} (minor {g.minor}, {g.bus_id})" for g in plan.gpus) or "none (driver only)"
+    gpus = ", ".join(f"{g.index} (minor {g.minor}, {g.bus_id})" for g in plan.gpus)
+    gpus = gpus or ("none whole (MIG devices below)" if plan.mig_devices else "none (driver only)")
     lines = [f"GPUs: {gpus}"]
     for m in plan.mig_devices:
         caps = f"caps {m.gpu_instance.access.minor},{m.compute_instance.access.minor}"

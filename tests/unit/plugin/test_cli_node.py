@@ -80,13 +80,13 @@ def test_plan_bad_flag_syntax(node: SimNode, capsys: pytest.CaptureFixture[str])
     assert "--env 'NOEQUALS': expected KEY=VALUE" in capsys.readouterr().err
 
 
-def test_info_shows_the_mig_layout_and_mig_requests_stay_refused(
+def test_info_shows_the_mig_layout_and_plan_explains_a_mig_request(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     mig = build_node(tmp_path, gpus=2, mig={0: [(2, [0, 1]), (9, [])], 1: []})  # GPU 0 has minor 1
     assert main(["info", *mig.flags()], {}) == 0
     out = capsys.readouterr().out
-    assert "MIG instances of GPU minor 1: gi2(ci0,ci1) gi9(no CIs) (MIG requests are not supported yet)" in out
+    assert "MIG instances of GPU minor 1: gi2(ci0,ci1) gi9(no CIs)\n" in out
     assert main(["info", "--json", *mig.flags()], {}) == 0
     data = json.loads(capsys.readouterr().out)["mig"]
     assert data["caps_major"] == 236 and data["monitor"]["minor"] == 2 and data["config"]["mode"] == "0400"
@@ -94,8 +94,14 @@ def test_info_shows_the_mig_layout_and_mig_requests_stay_refused(
     assert (gi2["gpu_minor"], gi2["gi"], gi2["access"]["minor"], gi2["access"]["mode"]) == (1, 2, 156, "0444")
     assert [c["access"]["minor"] for c in gi2["compute_instances"]] == [157, 158]
     assert [g["gi"] for g in data["gpu_instances"]] == [2, 9] and data["gpu_instances"][1]["compute_instances"] == []
-    assert main(["plan", *mig.flags(), "--env", "NVIDIA_VISIBLE_DEVICES=0:0"], {}) == 1
-    assert "MIG devices are not supported yet" in capsys.readouterr().err
+    placement = f"MIG-{mig.gpus[0].uuid}/2/1"
+    assert main(["plan", "--json", *mig.flags(), "--env", f"NVIDIA_VISIBLE_DEVICES={placement}"], {}) == 0
+    planned = json.loads(capsys.readouterr().out)
+    (device,) = planned["mig_devices"]
+    assert (device["parent_index"], device["gi"], device["ci"], device["cap_minors"]) == (0, 2, 1, [156, 158])
+    assert planned["start"]["proc_caps"] == ["gpu1/mig/gi2/access", "gpu1/mig/gi2/ci1/access"]
+    assert main(["plan", *mig.flags(), "--env", "NVIDIA_VISIBLE_DEVICES=0:7"], {}) == 1
+    assert "no MIG device 0:7" in capsys.readouterr().err
 
 
 def test_info_json_has_no_mig_key_without_instances(node: SimNode, capsys: pytest.CaptureFixture[str]) -> None:
