@@ -26,12 +26,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.cdi import cdi_spec, hook_command
+from engine.cdi import cdi_spec, hook_command, spec_warnings
 from engine.config import LD_CACHE_MODES, EngineConfig
 from engine.discover import discover
 from engine.errors import EngineError
 from engine.hook import HOOK_TIME_LIMIT, STATE_LIMIT, run_hook, time_limit, work_timeout
-from engine.model import Capability
+from engine.model import Capability, NvmlSnapshot
 from engine.request import parse_capabilities
 from plugin.config_files import FileRefused, Folder
 from plugin.hook_install import check_install
@@ -119,10 +119,15 @@ def generate(args: argparse.Namespace, engine: EngineConfig, argv0: str) -> int:
     try:
         caps = _capabilities(args.capabilities, engine)
         hook = hook_command(hook_path, engine, caps)
-        text = json.dumps(cdi_spec(discover(engine), engine, caps, hook), indent=2) + "\n"
+        inventory = discover(engine)
+        text = json.dumps(cdi_spec(inventory, engine, caps, hook), indent=2) + "\n"
     except (EngineError, ValueError) as exc:
         print(f"nri-gpu: {exc}", file=sys.stderr)
         return 1
+    # What the spec leaves out (MIG devices NVML could not name): the spec is
+    # still good for every device it has.
+    for warning in spec_warnings(inventory):
+        print(f"nri-gpu: warning: {warning}", file=sys.stderr)
     if args.output is None:
         sys.stdout.write(text)
         return 0
@@ -184,7 +189,13 @@ def _start_container(args: argparse.Namespace, engine: EngineConfig, stdin: Any,
         caps = _capabilities(args.capabilities, engine)
         state = stdin.buffer.read(STATE_LIMIT + 1)
         left = max(0.0, deadline - time.monotonic())
-        run_hook(state, engine, caps, lambda: discover(engine, cuda_version=_no_cuda_probe), timeout=left)
+        run_hook(
+            state,
+            engine,
+            caps,
+            lambda: discover(engine, cuda_version=_no_cuda_probe, nvml=_no_nvml_probe),
+            timeout=left,
+        )
     except EngineError as exc:
         print(f"nri-gpu hook: {exc}", file=sys.stderr)
         return 1
@@ -193,6 +204,12 @@ def _start_container(args: argparse.Namespace, engine: EngineConfig, stdin: Any,
 
 def _no_cuda_probe(driver_root: str) -> tuple[str | None, str | None]:
     """The CUDA version only matters for requirements, which the hook does not check."""
+    return None, "not probed by the hook"
+
+
+def _no_nvml_probe(libnvml: str) -> tuple[NvmlSnapshot | None, str | None]:
+    """The hook finds MIG devices by their placement (the cap nodes the spec gave),
+    which needs procfs only: no NVML child at each container start."""
     return None, "not probed by the hook"
 
 

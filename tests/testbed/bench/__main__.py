@@ -19,7 +19,7 @@ from tests.testbed import runtimes
 from tests.testbed.containerd import reap_stale
 from tests.testbed.gpunode import build_node
 
-from . import inprocess, report
+from . import inprocess, mig, report
 from .session import RuntimeBench
 
 _8_GPUS = {"nvidia.com/gpus": "0,1,2,3,4,5,6,7"}
@@ -47,17 +47,40 @@ def _positive(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hack/bench", description="Benchmark nri-gpu on real containerd (needs root).")
-    p.add_argument("--runtimes", type=_versions, default=list(runtimes.VERSIONS), metavar="V[,V]",
-                   help=f"containerd versions, comma-separated (default {','.join(runtimes.VERSIONS)})")
+    p.add_argument(
+        "--runtimes",
+        type=_versions,
+        default=list(runtimes.VERSIONS),
+        metavar="V[,V]",
+        help=f"containerd versions, comma-separated (default {','.join(runtimes.VERSIONS)})",
+    )
     p.add_argument("--pods", type=_positive, default=50, metavar="N", help="recorded pods per variant (default 50)")
-    p.add_argument("--churn", type=_positive, default=1000, metavar="N",
-                   help="GPU containers created, started, stopped, removed for the memory check (default 1000)")
+    p.add_argument(
+        "--churn",
+        type=_positive,
+        default=1000,
+        metavar="N",
+        help="GPU containers created, started, stopped, removed for the memory check (default 1000)",
+    )
     p.add_argument("--burst", type=_positive, default=32, metavar="N", help="one-GPU pods started at once (default 32)")
-    p.add_argument("--profile-iterations", type=_positive, default=2000, metavar="N",
-                   help="in-process CreateContainer calls per variant for the split and the profile (default 2000)")
+    p.add_argument(
+        "--profile-iterations",
+        type=_positive,
+        default=2000,
+        metavar="N",
+        help="in-process CreateContainer calls per variant for the split and the profile (default 2000)",
+    )
     p.add_argument("--seed", type=int, help="seed of the variant order (default: random, recorded in the output)")
-    p.add_argument("--output", type=Path, default=Path("bench-results.json"), metavar="FILE",
-                   help="where the JSON results go (default bench-results.json)")
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=Path("bench-results.json"),
+        metavar="FILE",
+        help="where the JSON results go (default bench-results.json)",
+    )
+    p.add_argument(
+        "--mig-only", action="store_true", help="only the MIG benchmark (in process: no containerd, a minute or so)"
+    )
     p.add_argument("--keep-workdir", action="store_true", help="keep the daemons' workdir and the plugin logs")
     return p
 
@@ -102,13 +125,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "schema": 1,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "machine": _machine(),
-        "options": {"runtimes": args.runtimes, "pods": args.pods, "churn": args.churn, "burst": args.burst,
-                    "profile_iterations": args.profile_iterations, "seed": seed},
+        "options": {
+            "runtimes": args.runtimes,
+            "pods": args.pods,
+            "churn": args.churn,
+            "burst": args.burst,
+            "profile_iterations": args.profile_iterations,
+            "seed": seed,
+        },
         "runtimes": {},
         "load": [],
     }
     _note_load(results, "at the start")
     try:
+        if args.mig_only:
+            _log("MIG: CreateContainer in process and the NVML probe")
+            results["inprocess"] = {"mig": mig.measure_mig(workdir, args.profile_iterations)}
+            results["targets"] = []
+            return results
         node = build_node(workdir / "node", gpus=8)
         for version in args.runtimes:
             results["runtimes"][version] = _one_runtime(version, node, workdir / f"c-{version}", rng, args)
@@ -118,6 +152,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "create_split": inprocess.measure_create_split(node, args.profile_iterations),
             "profile_8gpu": inprocess.profile_create(node, _8_GPUS, args.profile_iterations),
         }
+        _log("MIG: CreateContainer in process and the NVML probe")
+        results["inprocess"]["mig"] = mig.measure_mig(workdir, args.profile_iterations)
         _note_load(results, "at the end")
     finally:
         if args.keep_workdir:
@@ -128,7 +164,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def _one_runtime(version: str, node: Any, workdir: Path, rng: random.Random, args: argparse.Namespace) -> dict[str, Any]:
+def _one_runtime(
+    version: str, node: Any, workdir: Path, rng: random.Random, args: argparse.Namespace
+) -> dict[str, Any]:
     bench = RuntimeBench(version, node, workdir, rng, say=_log)
     _log(f"containerd {version}: starting")
     bench.open()
@@ -143,8 +181,16 @@ def _one_runtime(version: str, node: Any, workdir: Path, rng: random.Random, arg
         out["burst"] = report.burst_dict(bench.burst(args.burst))
         _log(f"containerd {version}: churn of {args.churn} containers")
         out["churn"] = report.churn_dict(bench.churn(args.churn))
-        out["samples"] = [{"variant": s.variant, "pod": s.pod, "round": s.round, "create_ms": round(s.create_ms, 3),
-                           "start_ms": round(s.start_ms, 3)} for s in samples]
+        out["samples"] = [
+            {
+                "variant": s.variant,
+                "pod": s.pod,
+                "round": s.round,
+                "create_ms": round(s.create_ms, 3),
+                "start_ms": round(s.start_ms, 3),
+            }
+            for s in samples
+        ]
         return out
     finally:
         bench.close()

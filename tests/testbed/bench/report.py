@@ -13,8 +13,17 @@ from .stats import grows, percentile, summarize
 __all__ = ["CREATE_STEPS", "START_STEPS", "Target", "churn_dict", "evaluate", "handler_dict", "latency_dict", "render"]
 
 # The start engine's steps (engine/start/work.py StartReport), in the order they run.
-START_STEPS = ("enter", "root copy", "procfs isolation", "symlinks", "ld.so.conf", "ld.so.cache", "ldconfig",
-               "ldconfig process", "total")
+START_STEPS = (
+    "enter",
+    "root copy",
+    "procfs isolation",
+    "symlinks",
+    "ld.so.conf",
+    "ld.so.cache",
+    "ldconfig",
+    "ldconfig process",
+    "total",
+)
 # CreateContainer's steps (plugin/handlers.py, the decision line's steps_ms).
 CREATE_STEPS = ("request", "plan", "adjustment")
 _MIB = 1024.0
@@ -101,8 +110,9 @@ def churn_dict(churn: ChurnResult) -> dict[str, Any]:
         "fds_after_warmup": warm[0].fds,
         "fds_end": last.fds,
         "fds_flat": last.fds <= warm[0].fds,
-        "points": [{"containers": done, "rss_kib": u.rss_kib, "hwm_kib": u.hwm_kib, "fds": u.fds}
-                   for done, u in churn.points],
+        "points": [
+            {"containers": done, "rss_kib": u.rss_kib, "hwm_kib": u.hwm_kib, "fds": u.fds} for done, u in churn.points
+        ],
         "errors": churn.errors,
     }
 
@@ -117,8 +127,14 @@ class Target:
     met: bool
 
     def as_dict(self) -> dict[str, Any]:
-        return {"runtime": self.runtime, "target": self.name, "value": round(self.value, 3), "limit": self.limit,
-                "unit": self.unit, "met": self.met}
+        return {
+            "runtime": self.runtime,
+            "target": self.name,
+            "value": round(self.value, 3),
+            "limit": self.limit,
+            "unit": self.unit,
+            "met": self.met,
+        }
 
 
 def evaluate(version: str, result: dict[str, Any]) -> list[Target]:
@@ -135,27 +151,51 @@ def evaluate(version: str, result: dict[str, Any]) -> list[Target]:
             p50 = lat.get(name, {}).get("create+start", {}).get("p50")
             if p50 is not None:
                 delta = p50 - base
-                out.append(Target(version, f"{label} create+start p50 within 30 ms of no plugin", delta, 30.0, "ms",
-                                  delta <= 30.0))
-    plans = [h["CreateContainer: parse+plan+encode"]["p99"] for h in result.get("handler", {}).values()
-             if "CreateContainer: parse+plan+encode" in h]
+                out.append(
+                    Target(
+                        version, f"{label} create+start p50 within 30 ms of no plugin", delta, 30.0, "ms", delta <= 30.0
+                    )
+                )
+    plans = [
+        h["CreateContainer: parse+plan+encode"]["p99"]
+        for h in result.get("handler", {}).values()
+        if "CreateContainer: parse+plan+encode" in h
+    ]
     if plans:
         worst = max(plans)
         out.append(Target(version, "planning (parse+plan+encode) p99 under 2 ms", worst, 2.0, "ms", worst < 2.0))
     churn = result.get("churn")
     if churn:
         peak_mb = churn["rss_mib_peak"] * _MIB * 1024 / 1e6
-        out.append(Target(version, "RSS under 50 MB (peak, VmHWM)", peak_mb, _RSS_LIMIT_MB, "MB", peak_mb < _RSS_LIMIT_MB))
+        out.append(
+            Target(version, "RSS under 50 MB (peak, VmHWM)", peak_mb, _RSS_LIMIT_MB, "MB", peak_mb < _RSS_LIMIT_MB)
+        )
         growth = churn["rss_growth_mib_after_warmup"]
         flat = bool(churn["rss_flat"] and churn["fds_flat"])
-        out.append(Target(version, f"RSS and fds flat over {churn['containers']} containers (RSS growth)", growth,
-                          round(_GROWTH_TOLERANCE_KIB / _MIB, 2), "MiB", flat))
+        out.append(
+            Target(
+                version,
+                f"RSS and fds flat over {churn['containers']} containers (RSS growth)",
+                growth,
+                round(_GROWTH_TOLERANCE_KIB / _MIB, 2),
+                "MiB",
+                flat,
+            )
+        )
     burst = result.get("burst")
     if burst:
         near = float(burst["calls_within_500ms_of_deadline"])
         ok = near == 0 and not burst["errors"] and not burst["runtime_nri_timeouts"]
-        out.append(Target(version, f"burst of {burst['pods']}: handler calls within 0.5 s of the 2 s deadline",
-                          near, 0.0, "calls", ok))
+        out.append(
+            Target(
+                version,
+                f"burst of {burst['pods']}: handler calls within 0.5 s of the 2 s deadline",
+                near,
+                0.0,
+                "calls",
+                ok,
+            )
+        )
     return out
 
 
@@ -170,8 +210,12 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 1) 
     """A Markdown table; the first ``left`` columns are text, the others numbers."""
     cells = [list(header)] + [[_f(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["| " + " | ".join(c.ljust(w) if i < left else c.rjust(w)
-                               for i, (c, w) in enumerate(zip(r, widths, strict=True))) + " |" for r in cells]
+    lines = [
+        "| "
+        + " | ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        + " |"
+        for r in cells
+    ]
     rule = ["-" * (w + 2) if i < left else "-" * (w + 1) + ":" for i, w in enumerate(widths)]
     lines.insert(1, "|" + "|".join(rule) + "|")
     return lines
@@ -184,10 +228,23 @@ def _latency_lines(result: dict[str, Any]) -> list[str]:
     for v in lat.values():
         t = v["create+start"]
         delta = t["p50"] - base if base is not None else None
-        rows.append([v["label"], v["pods"], v["create"]["p50"], v["start"]["p50"], t["mean"], t["p50"], t["p95"],
-                     t["p99"], t["max"], delta])
-    return _table(["variant", "pods", "create p50", "start p50", "mean", "p50", "p95", "p99", "max", "p50 - no plugin"],
-                  rows)
+        rows.append(
+            [
+                v["label"],
+                v["pods"],
+                v["create"]["p50"],
+                v["start"]["p50"],
+                t["mean"],
+                t["p50"],
+                t["p95"],
+                t["p99"],
+                t["max"],
+                delta,
+            ]
+        )
+    return _table(
+        ["variant", "pods", "create p50", "start p50", "mean", "p50", "p95", "p99", "max", "p50 - no plugin"], rows
+    )
 
 
 def _round_lines(result: dict[str, Any]) -> list[str]:
@@ -216,27 +273,39 @@ def render(results: dict[str, Any]) -> str:
     out: list[str] = []
     for version, result in results["runtimes"].items():
         opts = results["options"]
-        out += [f"## containerd {version}", "",
-                f"CRI CreateContainer + StartContainer of one container in an already running pod, ms "
-                f"({opts['pods']} pods per variant, interleaved):", ""]
+        out += [
+            f"## containerd {version}",
+            "",
+            f"CRI CreateContainer + StartContainer of one container in an already running pod, ms "
+            f"({opts['pods']} pods per variant, interleaved):",
+            "",
+        ]
         out += [*_latency_lines(result), ""]
         if result.get("samples"):
-            out += ["The same, p50 by round (each round: every variant's pods, interleaved):", "",
-                    *_round_lines(result), ""]
+            out += [
+                "The same, p50 by round (each round: every variant's pods, interleaved):",
+                "",
+                *_round_lines(result),
+                "",
+            ]
         if result.get("handler"):
             out += ["Time inside nri-gpu's handlers, by step:", "", *_handler_lines(result), ""]
         if burst := result.get("burst"):
-            out.append(f"Burst of {burst['pods']} one-GPU pods at once: slowest handler call "
-                       f"{_f(burst['slowest_handler_ms'])} ms of {burst['handler_calls']}; "
-                       f"{burst['calls_within_500ms_of_deadline']} within 0.5 s of the 2 s deadline; "
-                       f"CRI create p99 {_f((burst['cri_create'] or {}).get('p99'))} ms, "
-                       f"start p99 {_f((burst['cri_start'] or {}).get('p99'))} ms; errors: {len(burst['errors'])}.")
+            out.append(
+                f"Burst of {burst['pods']} one-GPU pods at once: slowest handler call "
+                f"{_f(burst['slowest_handler_ms'])} ms of {burst['handler_calls']}; "
+                f"{burst['calls_within_500ms_of_deadline']} within 0.5 s of the 2 s deadline; "
+                f"CRI create p99 {_f((burst['cri_create'] or {}).get('p99'))} ms, "
+                f"start p99 {_f((burst['cri_start'] or {}).get('p99'))} ms; errors: {len(burst['errors'])}."
+            )
         if churn := result.get("churn"):
-            out.append(f"Churn of {churn['containers']} GPU containers ({churn['seconds']} s): RSS "
-                       f"{churn['rss_mib_start']} MiB at start, {churn['rss_mib_after_warmup']} after warm-up, "
-                       f"{churn['rss_mib_end']} at the end (peak {churn['rss_mib_peak']}); descriptors "
-                       f"{churn['fds_start']} / {churn['fds_after_warmup']} / {churn['fds_end']}: "
-                       f"{'flat' if churn['rss_flat'] and churn['fds_flat'] else 'NOT flat'}.")
+            out.append(
+                f"Churn of {churn['containers']} GPU containers ({churn['seconds']} s): RSS "
+                f"{churn['rss_mib_start']} MiB at start, {churn['rss_mib_after_warmup']} after warm-up, "
+                f"{churn['rss_mib_end']} at the end (peak {churn['rss_mib_peak']}); descriptors "
+                f"{churn['fds_start']} / {churn['fds_after_warmup']} / {churn['fds_end']}: "
+                f"{'flat' if churn['rss_flat'] and churn['fds_flat'] else 'NOT flat'}."
+            )
         out.append("")
     if split := results.get("inprocess", {}).get("create_split"):
         out += ["## CreateContainer path in-process (same code, same node), ms", ""]
@@ -245,14 +314,43 @@ def render(results: dict[str, Any]) -> str:
             for step, s in steps.items():
                 rows.append([f"{variant}: {step}", s["n"], s["p50"], s["p95"], s["p99"], s["max"]])
         out += [*_table(["step", "n", "p50", "p95", "p99", "max"], rows), ""]
+    if mig := results.get("inprocess", {}).get("mig"):
+        out += ["## MIG", "", *mig_lines(mig), ""]
     if load := results.get("load"):
         cpus = results.get("machine", {}).get("cpus") or 1
         points = ", ".join(f"{entry['1m']:.2f} {entry['when']}" for entry in load)
         verdict = "quiet" if load[0]["1m"] <= cpus / 2 else "BUSY with other work: tails (p95, p99, max) are inflated"
-        out += [f"Load average (1 min) on {cpus} CPUs: {points} (after the start, the benchmark's own load); "
-                f"before the run the machine was {verdict}.", ""]
+        out += [
+            f"Load average (1 min) on {cpus} CPUs: {points} (after the start, the benchmark's own load); "
+            f"before the run the machine was {verdict}.",
+            "",
+        ]
+    if not results["targets"]:
+        return "\n".join(out) + "\n"
     out += ["## Targets", ""]
-    rows = [[t["runtime"], t["target"], f"{t['value']:.2f} {t['unit']}", f"{t['limit']:g} {t['unit']}",
-             "met" if t["met"] else "MISSED"] for t in results["targets"]]
+    rows = [
+        [
+            t["runtime"],
+            t["target"],
+            f"{t['value']:.2f} {t['unit']}",
+            f"{t['limit']:g} {t['unit']}",
+            "met" if t["met"] else "MISSED",
+        ]
+        for t in results["targets"]
+    ]
     out += _table(["containerd", "target", "measured", "limit", ""], rows, left=2)
     return "\n".join(out) + "\n"
+
+
+def mig_lines(result: dict[str, Any]) -> list[str]:
+    """The MIG benchmark (``tests.testbed.bench.mig``) as text."""
+    lines = [f"CreateContainer in process, {result['mig_devices']} MIG devices on the node (simulated NVML), ms:", ""]
+    rows = [[name, s["n"], s["p50"], s["p95"], s["p99"], s["max"]] for name, s in result["create_container_ms"].items()]
+    lines += [*_table(["request", "n", "p50", "p95", "p99", "max"], rows), ""]
+    p, d = result["nvml_probe_ms"], result["discovery_ms"]
+    lines.append(
+        f"NVML probe (child interpreter, library, parse): p50 {_f(p['p50'])} ms, p99 {_f(p['p99'])} ms, "
+        f"max {_f(p['max'])} ms ({p['n']} runs); discovery p50 {_f(d['with NVML probe']['p50'])} ms with it, "
+        f"{_f(d['without']['p50'])} ms without."
+    )
+    return lines

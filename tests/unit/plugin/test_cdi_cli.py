@@ -159,3 +159,31 @@ def test_generate_into_a_missing_folder_is_refused_by_name(
     assert main(argv) == 1
     assert f"nri-gpu: {out.parent}: no such folder" in capsys.readouterr().err
     assert not out.parent.exists()
+
+
+def test_the_hook_never_runs_the_nvml_probe(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The hook finds MIG devices by their cap nodes (placements: procfs alone), so a
+    MIG container's start must not pay for an NVML child inside the hook's limit."""
+    from engine import discover as discover_module
+    from engine.errors import EngineError
+    from plugin import cdi_cli
+
+    mig = build_node(tmp_path / "node", gpus=2, mig={0: [(2, [0])]})
+    seen = []
+
+    def spy(config, **kw):  # type: ignore[no-untyped-def]
+        seen.append(discover_module.discover(config, **kw).mig)
+        raise EngineError("stop here")
+
+    monkeypatch.setattr(cdi_cli, "discover", spy)
+    bundle = tmp_path / "bundle"
+    (bundle / "rootfs").mkdir(parents=True)
+    (bundle / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}, "linux": {"devices": []}}))
+    state = json.dumps({"id": "c1", "bundle": str(bundle)}).encode()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(state)))
+    assert main(["hook", "start-container", *mig.flags(), "--capabilities", "compute"]) == 1
+    assert "stop here" in capsys.readouterr().err
+    (layout,) = seen
+    assert layout.gpu_instances and layout.nvml is None and layout.nvml_error == "not probed by the hook"
