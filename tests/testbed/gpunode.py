@@ -246,6 +246,9 @@ class SimNode:
     mig: dict[int, tuple[tuple[int, tuple[int, ...]], ...]] | None = None
     # With MIG: "sim" (the simulated NVML answers) or "real" (the real library, which fails).
     nvml: str | None = None
+    # GPU instance ids whose /dev/nvidia-caps nodes (its own and its CIs') are not made
+    # on the host, as when nvidia-modprobe has not run since they were created.
+    without_cap_nodes: tuple[int, ...] = ()
 
     def mig_devices(self) -> dict[int, tuple[SimNvmlMig, ...]]:
         """What the simulated NVML lists: GPU index -> its MIG devices by raw index j."""
@@ -848,6 +851,8 @@ def _write_mig(node: SimNode) -> None:
                 _mkdir_proc(folder / f"ci{ci}")
                 _write(folder / f"ci{ci}" / "access", _access_file(cap_minor(minor, gi, ci)))
                 nodes.append(cap_minor(minor, gi, ci))
+            if gi in node.without_cap_nodes:
+                continue  # the driver makes no node: only nvidia-modprobe or the toolkit's CLI does
             for cap in nodes:
                 path = node.dev_root / "dev/nvidia-caps" / f"nvidia-cap{cap}"
                 use_mknod = _make_node(path, CAPS_MAJOR, cap, 0o444, use_mknod, insist=False)
@@ -953,6 +958,7 @@ def build_node(
     excluded: Sequence[int] = (),
     mig: MigSpec | None = None,
     nvml: str = "sim",
+    without_cap_nodes: Sequence[int] = (),
 ) -> SimNode:
     """Build a simulated GPU node in ``root`` (created if missing) and describe it.
 
@@ -970,7 +976,9 @@ def build_node(
     GPU 2 with a 3g GI holding three CIs and a 2g GI with one (``reconfigure_mig``
     changes them later). ``nvml`` (with ``mig`` only): "sim" = the simulated
     ``libnvidia-ml`` listing those MIG devices (``SimNode.mig_devices``), "real" = keep
-    NVIDIA's (which fails: Driver Not Loaded).
+    NVIDIA's (which fails: Driver Not Loaded). ``without_cap_nodes``: GPU instance ids
+    whose ``/dev/nvidia-caps`` nodes are not made on the host (the kernel makes none;
+    nvidia-modprobe may not have run): nri-gpu must not need them.
     """
     if nvml not in ("sim", "real"):
         raise ValueError(f"nvml must be 'sim' or 'real', not {nvml!r}")
@@ -987,6 +995,7 @@ def build_node(
         root=root, driver_root=driver_root, dev_root=root, proc_root=proc,
         driver_version=DRIVER_VERSION if driver else None, gpus=sim_gpus, real_device_nodes=real,
         mig=mig_layout, nvml=nvml if mig_layout is not None else None,
+        without_cap_nodes=tuple(without_cap_nodes),
     )
     if mig_layout is not None:
         _write_mig(node)

@@ -356,3 +356,13 @@ def test_real_ld_caches(kind: str, magic: bytes) -> None:
     hwcaps = [e for e in entries if "hwcap" in e.flags]
     assert bool(hwcaps) == (kind == "new-hwcaps")
     assert ldcaches.real_cache(kind) == data  # cached, and ldconfig is deterministic
+
+
+def test_some_instances_can_lack_their_host_cap_nodes(tmp_path: Path) -> None:
+    sim = build_node(tmp_path, gpus=2, mig={0: [(1, [0]), (5, [0])]}, without_cap_nodes=(5,))  # GPU 0: minor 1
+    caps = sorted(p.name for p in (sim.dev_root / "dev/nvidia-caps").iterdir())
+    present = [gpunode.cap_minor(1, 1), gpunode.cap_minor(1, 1, 0)]
+    assert caps == sorted(["nvidia-cap1", "nvidia-cap2", *(f"nvidia-cap{m}" for m in present)])
+    assert (sim.proc_root / "driver/nvidia/capabilities/gpu1/mig/gi5/ci0/access").is_file()
+    sim = gpunode.reconfigure_mig(sim, {0: [(5, [1])]})
+    assert sorted(p.name for p in (sim.dev_root / "dev/nvidia-caps").iterdir()) == ["nvidia-cap1", "nvidia-cap2"]

@@ -692,3 +692,13 @@ def test_mig_grants_know_only_all(value: str) -> None:
 def test_mig_grants_without_a_device_request_give_nothing() -> None:
     env = {"NVIDIA_MIG_MONITOR_DEVICES": "all", "NVIDIA_MIG_CONFIG_DEVICES": "all"}
     assert outcome(env, pod_namespace="ml").request is None
+
+
+def test_volume_markers_carry_mig_devices_in_each_form() -> None:
+    """The device plugin's volume-mounts strategy names a MIG device by its id, and
+    the legacy placement has slashes in it: the marker path goes deeper."""
+    mounts = tuple(("/dev/null", f"{VOLUME_MARKER_DIR}/{device}") for device in (MIG_UUID, f"MIG-{UUID}/2/0", "1:3"))
+    env = {"NVIDIA_VISIBLE_DEVICES": VOLUME_MARKER_DIR}
+    got = request(env, mounts=mounts, policy=Policy(accept_volume_mounts=True))
+    assert got.ids == (ByMigUuid(MIG_UUID), ByMigPlacement(UUID, 2, 0), ByMigIndex(1, 3))
+    assert got.source == "volume mounts"
