@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -164,7 +165,10 @@ def _gpu(value: Any, what: str) -> NvmlGpu:
     if not isinstance(raw, list) or len(raw) > MAX_MIG_DEVICES:
         raise NvmlError(f"NVML probe: {what} mig_devices is not a list of at most {MAX_MIG_DEVICES}")
     devices = tuple(_mig_device(d, f"{what} MIG device {k}") for k, d in enumerate(raw))
-    columns: dict[str, list[object]] = {"index": [d.index for d in devices], "(gi, ci)": [(d.gi, d.ci) for d in devices]}
+    columns: dict[str, list[object]] = {
+        "index": [d.index for d in devices],
+        "(gi, ci)": [(d.gi, d.ci) for d in devices],
+    }
     for name, keys in columns.items():
         if len(set(keys)) != len(keys):
             raise NvmlError(f"NVML probe: {what} lists a MIG device {name} twice: {keys}")
@@ -231,7 +235,9 @@ def check_against_procfs(
         found = by_uuid.get(ngpu.uuid.lower())
         if found is None or found.minor != ngpu.minor:
             seen = "not in procfs" if found is None else f"has minor {found.minor} in procfs"
-            warnings.append(f"NVML GPU {ngpu.index} ({ngpu.uuid}, minor {ngpu.minor}) {seen}; its MIG devices are ignored")
+            warnings.append(
+                f"NVML GPU {ngpu.index} ({ngpu.uuid}, minor {ngpu.minor}) {seen}; its MIG devices are ignored"
+            )
             continue
         devices = []
         for dev in ngpu.mig_devices:
@@ -270,15 +276,53 @@ def _run(libnvml: str, timeout: float) -> str:
     except OSError as exc:
         raise NvmlError(f"cannot run the NVML probe on {libnvml}: {exc}") from exc
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = bounded_output(proc, timeout, MAX_OUTPUT)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
         raise NvmlError(f"NVML probe of {libnvml} did not answer within {timeout:g} s; killed") from None
+    if len(out) > MAX_OUTPUT:
+        raise NvmlError(f"NVML probe of {libnvml} wrote more than {MAX_OUTPUT} bytes; killed")
     if proc.returncode != 0:
         detail = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
         raise NvmlError(f"NVML probe of {libnvml} failed (exit {proc.returncode}): {detail[:200]}")
     return out[: MAX_OUTPUT + 1].decode(errors="replace")
+
+
+def bounded_output(proc: subprocess.Popen[bytes], timeout: float, limit: int) -> tuple[bytes, bytes]:
+    """(stdout, stderr) of ``proc`` once it has exited, each read up to ``limit`` + 1
+    bytes: past that, or past ``timeout`` seconds (``TimeoutExpired``), its process
+    group is killed. ``communicate`` would hold whatever a broken library prints."""
+    assert proc.stdout is not None and proc.stderr is not None
+    deadline = time.monotonic() + timeout
+    out, err = bytearray(), bytearray()
+    streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+    poller = select.poll()
+    for fd in streams:
+        poller.register(fd, select.POLLIN)
+    try:
+        while streams:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+            for fd, _ in poller.poll(max(1, int(left * 1000))):
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    poller.unregister(fd)
+                    del streams[fd]
+                    continue
+                streams[fd].extend(chunk)
+                if len(streams[fd]) > limit:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    streams.clear()
+                    break
+        proc.wait(max(0.0, deadline - time.monotonic()))
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    finally:
+        proc.stdout.close()
+        proc.stderr.close()
+    return bytes(out), bytes(err)
 
 
 def read_nvml(libnvml: str, timeout: float = DEFAULT_TIMEOUT) -> tuple[NvmlSnapshot | None, str | None]:

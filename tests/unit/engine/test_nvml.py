@@ -49,16 +49,20 @@ def gpu(index: Any = 0, uuid: str = UUID0, minor: int = 2, mig: Any = (1, 1), de
 
 
 def test_a_probe_line_becomes_a_snapshot() -> None:
-    text = line([
-        gpu(devices=[(0, MIG_A, 2, 0), (2, MIG_B, 2, 1)]),
-        gpu(1, UUID1, 3, mig=(0, 1)),
-        gpu(2, "GPU-00000000-0000-0000-0000-000000000002", 0, mig=None),
-    ])
-    assert parse_probe_output(text) == NvmlSnapshot((
-        NvmlGpu(0, UUID0, 2, True, True, (NvmlMigDevice(0, MIG_A, 2, 0), NvmlMigDevice(2, MIG_B, 2, 1))),
-        NvmlGpu(1, UUID1, 3, False, True),
-        NvmlGpu(2, "GPU-00000000-0000-0000-0000-000000000002", 0, None, None),
-    ))
+    text = line(
+        [
+            gpu(devices=[(0, MIG_A, 2, 0), (2, MIG_B, 2, 1)]),
+            gpu(1, UUID1, 3, mig=(0, 1)),
+            gpu(2, "GPU-00000000-0000-0000-0000-000000000002", 0, mig=None),
+        ]
+    )
+    assert parse_probe_output(text) == NvmlSnapshot(
+        (
+            NvmlGpu(0, UUID0, 2, True, True, (NvmlMigDevice(0, MIG_A, 2, 0), NvmlMigDevice(2, MIG_B, 2, 1))),
+            NvmlGpu(1, UUID1, 3, False, True),
+            NvmlGpu(2, "GPU-00000000-0000-0000-0000-000000000002", 0, None, None),
+        )
+    )
 
 
 def test_the_old_mig_uuid_form_is_accepted() -> None:
@@ -116,44 +120,58 @@ def _cap(minor: int) -> MigCap:
 
 
 GPUS = (Gpu(0, 2, "0000:07:00.0", UUID0, "A100"), Gpu(1, 3, "0000:0f:00.0", UUID1, "A100"))
-LAYOUT = MigLayout(236, gpu_instances=(
-    GpuInstance(2, 2, _cap(291), (ComputeInstance(0, _cap(292)), ComputeInstance(1, _cap(293)))),
-))
+LAYOUT = MigLayout(
+    236, gpu_instances=(GpuInstance(2, 2, _cap(291), (ComputeInstance(0, _cap(292)), ComputeInstance(1, _cap(293)))),)
+)
 
 
 def test_what_procfs_confirms_is_kept_without_warnings() -> None:
-    snap = NvmlSnapshot((
-        NvmlGpu(0, UUID0.upper(), 2, True, True, (NvmlMigDevice(0, MIG_A, 2, 0), NvmlMigDevice(2, MIG_B, 2, 1))),
-        NvmlGpu(1, UUID1, 3, False, False),
-    ))
+    snap = NvmlSnapshot(
+        (
+            NvmlGpu(0, UUID0.upper(), 2, True, True, (NvmlMigDevice(0, MIG_A, 2, 0), NvmlMigDevice(2, MIG_B, 2, 1))),
+            NvmlGpu(1, UUID1, 3, False, False),
+        )
+    )
     assert check_against_procfs(snap, GPUS, LAYOUT) == (snap, ())
 
 
 def test_gpus_that_do_not_match_procfs_are_dropped_with_a_warning() -> None:
-    snap = NvmlSnapshot((
-        NvmlGpu(0, UUID0, 3, True, True, (NvmlMigDevice(0, MIG_A, 2, 0),)),  # minor differs
-        NvmlGpu(1, "GPU-00000000-aaaa-bbbb-cccc-000000000000", 3, False, False),  # not in procfs
-        NvmlGpu(2, UUID1, 3, False, False),
-    ))
+    snap = NvmlSnapshot(
+        (
+            NvmlGpu(0, UUID0, 3, True, True, (NvmlMigDevice(0, MIG_A, 2, 0),)),  # minor differs
+            NvmlGpu(1, "GPU-00000000-aaaa-bbbb-cccc-000000000000", 3, False, False),  # not in procfs
+            NvmlGpu(2, UUID1, 3, False, False),
+        )
+    )
     kept, warnings = check_against_procfs(snap, GPUS, LAYOUT)
     assert kept == NvmlSnapshot((NvmlGpu(2, UUID1, 3, False, False),))
     assert warnings[0] == f"NVML GPU 0 ({UUID0}, minor 3) has minor 2 in procfs; its MIG devices are ignored"
     assert warnings[1].startswith("NVML GPU 1 (GPU-00000000-aaaa-bbbb-cccc-000000000000, minor 3) not in procfs")
     # procfs's two CIs now have no NVML name: said, not silently.
     assert [w.split(" is not listed")[0] for w in warnings[2:]] == [
-        "MIG device gpu2/mig/gi2/ci0", "MIG device gpu2/mig/gi2/ci1",
+        "MIG device gpu2/mig/gi2/ci0",
+        "MIG device gpu2/mig/gi2/ci1",
     ]
 
 
 def test_mig_devices_procfs_does_not_show_are_dropped_with_a_warning() -> None:
-    snap = NvmlSnapshot((
-        NvmlGpu(0, UUID0, 2, True, True, (
-            NvmlMigDevice(0, MIG_A, 2, 0),
-            NvmlMigDevice(1, "MIG-11111111-1111-1111-1111-111111111111", 2, 5),  # no ci5
-            NvmlMigDevice(2, "MIG-22222222-2222-2222-2222-222222222222", 9, 0),  # no gi9
-            NvmlMigDevice(3, MIG_B, 2, 1),
-        )),
-    ))
+    snap = NvmlSnapshot(
+        (
+            NvmlGpu(
+                0,
+                UUID0,
+                2,
+                True,
+                True,
+                (
+                    NvmlMigDevice(0, MIG_A, 2, 0),
+                    NvmlMigDevice(1, "MIG-11111111-1111-1111-1111-111111111111", 2, 5),  # no ci5
+                    NvmlMigDevice(2, "MIG-22222222-2222-2222-2222-222222222222", 9, 0),  # no gi9
+                    NvmlMigDevice(3, MIG_B, 2, 1),
+                ),
+            ),
+        )
+    )
     kept, warnings = check_against_procfs(snap, GPUS, LAYOUT)
     assert [d.index for d in kept.gpus[0].mig_devices] == [0, 3]
     assert len(warnings) == 2
@@ -167,7 +185,9 @@ def test_mig_devices_procfs_does_not_show_are_dropped_with_a_warning() -> None:
 @pytest.fixture
 def sim(tmp_path: Path) -> SimNode:
     # GPU 0 (minor 2): five MIG devices, so j has a gap; GPU 1 (minor 3): MIG on, none.
-    return build_node(tmp_path, gpus=4, model="NVIDIA A100-SXM4-40GB", mig={0: [(2, [0, 1, 2]), (3, [0]), (9, [0])], 1: []})
+    return build_node(
+        tmp_path, gpus=4, model="NVIDIA A100-SXM4-40GB", mig={0: [(2, [0, 1, 2]), (3, [0]), (9, [0])], 1: []}
+    )
 
 
 def libnvml(node: SimNode) -> str:
@@ -178,7 +198,12 @@ def test_the_probe_reads_the_simulated_nvml(sim: SimNode) -> None:
     snapshot, error = read_nvml(libnvml(sim))
     assert error is None and snapshot is not None
     assert [(g.index, g.uuid, g.minor) for g in snapshot.gpus] == [(g.index, g.uuid, g.minor) for g in sim.gpus]
-    assert [(g.mig_current, g.mig_pending) for g in snapshot.gpus] == [(True, True), (True, True), (False, False), (False, False)]
+    assert [(g.mig_current, g.mig_pending) for g in snapshot.gpus] == [
+        (True, True),
+        (True, True),
+        (False, False),
+        (False, False),
+    ]
     devices = snapshot.gpus[0].mig_devices
     assert [(d.index, d.gi, d.ci) for d in devices] == [(0, 2, 0), (2, 2, 1), (3, 2, 2), (4, 3, 0), (5, 9, 0)]
     expected = sim.mig_devices()
@@ -242,7 +267,9 @@ def test_probe_wall_time_on_the_sim(sim: SimNode) -> None:
         start = time.monotonic()
         assert read_nvml(libnvml(sim))[0] is not None
         times.append((time.monotonic() - start) * 1000)
-    print(f"NVML probe on the sim: p50 {statistics.median(times):.1f} ms, max {max(times):.1f} ms")  # measured, not asserted
+    print(
+        f"NVML probe on the sim: p50 {statistics.median(times):.1f} ms, max {max(times):.1f} ms"
+    )  # measured, not asserted
 
 
 # -- the simulated library's exports are real NVML's ------------------------------------
@@ -252,14 +279,16 @@ def _dynamic_symbols(path: Path) -> set[str]:
     """Defined dynamic symbols: ``nm -D --defined-only`` when there, else the ELF itself."""
     if shutil.which("nm"):
         out = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True, check=True)
-        return {fields[-1].split("@")[0] for fields in (ln.split() for ln in out.stdout.splitlines()) if len(fields) == 3}
+        return {
+            fields[-1].split("@")[0] for fields in (ln.split() for ln in out.stdout.splitlines()) if len(fields) == 3
+        }
     return _elf_dynsym(path.read_bytes())
 
 
 def _elf_dynsym(data: bytes) -> set[str]:
     """Names of the defined symbols in .dynsym of a 64-bit little-endian ELF."""
     assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
     sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
     names = set()
@@ -270,7 +299,7 @@ def _elf_dynsym(data: bytes) -> set[str]:
         for pos in range(off, off + size, entsize):
             name, _, _, shndx, _, _ = struct.unpack_from("<IBBHQQ", data, pos)
             if shndx != 0 and name:
-                names.add(data[str_off + name: data.index(b"\0", str_off + name)].decode())
+                names.add(data[str_off + name : data.index(b"\0", str_off + name)].decode())
     return names
 
 
@@ -284,3 +313,35 @@ def test_every_symbol_the_simulated_library_exports_is_in_the_real_550_library()
     # And the probe calls nothing the simulated library lacks.
     called = {name for name in sim if f'"{name}"' in nvml._PROBE or f"lib.{name}" in nvml._PROBE}
     assert called == sim - {"nvmlInitWithFlags"}
+
+
+def test_the_probe_s_output_is_read_only_up_to_its_limit() -> None:
+    """A broken or hostile library printing without end: read a little past the
+    limit, then the child's whole group is killed (``communicate`` held it all)."""
+    import subprocess
+    import sys
+    import time
+
+    from engine.nvml import bounded_output
+
+    for stream in ("stdout", "stderr"):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", f"import sys\nwhile True: sys.{stream}.write('x' * 65536)"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        began = time.monotonic()
+        out, err = bounded_output(proc, 10.0, 1 << 18)
+        assert time.monotonic() - began < 5
+        assert (1 << 18) < len(out if stream == "stdout" else err) <= (1 << 18) + 65536
+        assert proc.returncode == -9
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    with pytest.raises(subprocess.TimeoutExpired):
+        bounded_output(proc, 0.3, 1 << 18)
+    assert proc.returncode == -9
