@@ -93,6 +93,10 @@ def test_a_mig_device_by_each_form_sees_exactly_its_parent_caps_and_access_files
     assert sh(cri, cid, "ls /dev/nvidia-caps").split() == sorted([f"nvidia-cap{gi}", f"nvidia-cap{ci}"])
     nodes = sh(cri, cid, f"ls -l /dev/nvidia-caps/nvidia-cap{ci}")
     assert nodes.startswith("cr--r--r--") and f"{CAPS_MAJOR}, {ci:>3}" in nodes, nodes
+    # The device cgroup admits both: opening fails for want of a kernel driver, not EPERM.
+    for cap in (gi, ci):
+        out = cri.exec_sync(cid, ["sh", "-c", f"cat /dev/nvidia-caps/nvidia-cap{cap} 2>&1; true"])[1]
+        assert "No such device or address" in out, out
     m = parent.minor
     assert caps_files(cri, cid) == [f"gpu{m}/mig/gi2/access", f"gpu{m}/mig/gi2/ci1/access"]
     assert f"DeviceFileMinor: {ci}\n" in sh(cri, cid, f"cat /proc/driver/nvidia/capabilities/gpu{m}/mig/gi2/ci1/access")
