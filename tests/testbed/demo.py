@@ -43,8 +43,18 @@ LOOK = [
 ]
 
 
-def show(cri: CriClient, cid: str) -> None:
-    for title, script in LOOK:
+# A MIG container: its capability nodes and the access files its view shows.
+MIG_LOOK = [
+    ("ls /dev/nvidia-caps", "ls /dev/nvidia-caps"),
+    ("find /proc/driver/nvidia/capabilities -type f", "find /proc/driver/nvidia/capabilities -type f | sort"),
+    ("ls /proc/driver/nvidia/gpus", "ls /proc/driver/nvidia/gpus 2>&1"),
+]
+# GPU instance 2 (a 3g slice) with two compute instances, GPU instance 3 (2g) with one.
+MIG_INSTANCES = [(2, [0, 1]), (3, [0])]
+
+
+def show(cri: CriClient, cid: str, look: list[tuple[str, str]] = LOOK) -> None:
+    for title, script in look:
         _, out, err = cri.exec_sync(cid, ["sh", "-c", script])
         print(f"  $ {title}")
         for line in (out + err).strip().splitlines() or ["(nothing)"]:
@@ -65,13 +75,26 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="nri-gpu-demo-"))
     print(f"nri-gpu demo: containerd {args.containerd} with NRI, work directory {workdir}")
     reap_stale()
-    with step(f"fetching containerd {args.containerd}, runc, busybox, glibc and the NVIDIA driver from Debian (cached)"):
+    with step(
+        f"fetching containerd {args.containerd}, runc, busybox, glibc and the NVIDIA driver from Debian (cached)"
+    ):
         ctrd = Containerd(args.containerd, workdir)
         images.build_all()
-    with step(f"building a simulated {args.node_gpus}-GPU node (real driver files, fake /proc and /dev)"):
-        node = build_node(workdir / "node", gpus=args.node_gpus)
+    mig_gpu = args.node_gpus - 1
+    with step(
+        f"building a simulated {args.node_gpus}-GPU node (real driver files, fake /proc and /dev; "
+        f"GPU {mig_gpu} in MIG mode)"
+    ):
+        # NVIDIA's own libnvidia-ml stays (nvml="real"): it has no kernel driver here,
+        # so MIG devices are asked for by placement, the form procfs alone resolves.
+        node = build_node(workdir / "node", gpus=args.node_gpus, mig={mig_gpu: MIG_INSTANCES}, nvml="real")
     for gpu in node.gpus:
         print(f"     GPU {gpu.index}: /dev/nvidia{gpu.minor}  {gpu.bus_id}  {gpu.uuid}")
+    parent = node.gpus[mig_gpu]
+    print(
+        f"     GPU {mig_gpu}: MIG instances "
+        + " ".join(f"gi{gi}(" + ",".join(f"ci{c}" for c in cis) + ")" for gi, cis in MIG_INSTANCES)
+    )
     plugin: NriGpuProcess | None = None
     try:
         with step("starting containerd"):
@@ -92,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
         show(cri, gpu)
         print('\npod "plain-demo" (no annotation), container "web": it asked for nothing and got nothing')
         show(cri, plain)
+        mig_device = f"MIG-{parent.uuid}/2/1"
+        mig_pod = cri.run_pod("mig-demo", annotations={"nvidia.com/gpus": mig_device})
+        mig = cri.run_container(mig_pod, "inference", SLEEP, image=images.GLIBC)
+        print(f'\npod "mig-demo" (nvidia.com/gpus: {mig_device}: GPU {mig_gpu}\'s GPU instance 2, compute instance 1):')
+        show(cri, mig, LOOK[:2] + MIG_LOOK)
         refused = cri.run_pod("bad-demo", annotations={"nvidia.com/gpus": "7"})
         try:
             cri.run_container(refused, "main", SLEEP, image=images.GLIBC)
