@@ -39,6 +39,7 @@ from engine.model import Capability, Inventory
 from engine.plan import ipc_in_mounts
 from engine.plan import plan as make_plan
 from engine.request import ByIndex, ByMigPlacement, DeviceId, GpuRequest, Selection
+from engine.selection import mig_devices_in
 from engine.start import actions
 from engine.start.work import StartReport, start_work
 
@@ -118,18 +119,12 @@ def gpu_request(config: Mapping[str, Any], inventory: Inventory, capabilities: f
     gpus = found.get(inventory.nvidia_major, set()) if inventory.nvidia_major is not None else set()
     layout = inventory.mig
     caps = found.get(layout.caps_major, set()) if layout.caps_major is not None else set()
-    mig_ids: list[DeviceId] = []
-    parents: set[int] = set()
-    for gpu in sorted(inventory.gpus, key=lambda g: g.index):
-        if gpu.minor not in gpus:
-            continue
-        for gi in layout.instances_of(gpu.minor):
-            if gi.access.minor not in caps:
-                continue
-            for ci in gi.compute_instances:
-                if ci.access.minor in caps:
-                    mig_ids.append(ByMigPlacement(gpu.uuid[:4] + gpu.uuid[4:].lower(), gi.gi, ci.ci))
-                    parents.add(gpu.minor)
+    given = mig_devices_in(((major, minor) for major, minors in found.items() for minor in minors), inventory)
+    mig_ids: list[DeviceId] = [
+        ByMigPlacement(m.parent.uuid[:4] + m.parent.uuid[4:].lower(), m.gpu_instance.gi, m.compute_instance.ci)
+        for m in given
+    ]
+    parents = {m.parent.minor for m in given}
     whole = [ByIndex(g.index) for g in sorted(inventory.gpus, key=lambda g: g.index) if g.minor in gpus - parents]
     ids = (*whole, *mig_ids)
     return GpuRequest(

@@ -63,6 +63,9 @@ MAX_LIST_ENTRIES = 256  # entries of a device list, capability list, or volume m
 # real image has a dozen. The rest of the env is only scanned, never copied (an NRI
 # message is at most 4 MiB, so even 800k entries scan in ~60 ms).
 MAX_REQUEST_ENV = 1024
+# Character devices of a container read for MIG device specs; a privileged container has
+# every host device (hundreds), and past this none are read.
+MAX_DEVICE_NODES = 1024
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,10 @@ class ContainerInfo:
     env: Mapping[str, str] = field(default_factory=dict)
     mounts: tuple[tuple[str, str], ...] = ()  # (source, destination)
     privileged: bool = False
+    # (major, minor) of the character devices already in the container's spec: the
+    # device plugin's device specs, which name a MIG device's nodes when NVML cannot
+    # name its UUID here (``selection``). Empty when there are more than MAX_DEVICE_NODES.
+    devices: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,7 @@ class GpuRequest:
     # NVIDIA_MIG_MONITOR_DEVICES=all / NVIDIA_MIG_CONFIG_DEVICES=all, allowed by policy
     mig_monitor: bool = False
     mig_config: bool = False
+    devices: tuple[tuple[int, int], ...] = ()  # ContainerInfo.devices
 
 
 @dataclass(frozen=True)
@@ -497,5 +505,7 @@ def _outcome(
         dropped = ", ".join(sorted(c.value for c in asked - capabilities))
         notes.append(f"capabilities capped by policy.capabilities: {dropped} dropped")
     requirements = _requirements(env, policy, legacy, notes)
-    request = GpuRequest(selection, ids, capabilities, requirements, source, mig_monitor=monitor, mig_config=config)
+    request = GpuRequest(
+        selection, ids, capabilities, requirements, source, mig_monitor=monitor, mig_config=config, devices=info.devices
+    )
     return RequestOutcome(request, tuple(notes))

@@ -16,13 +16,15 @@ MIG off, and is then handed out whole (CUDA sees no device in it either way).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from engine.errors import RequestError, UnknownDeviceError
 from engine.model import Gpu, Inventory, MigDevice, MigLayout
 from engine.request import ByIndex, ByMigIndex, ByMigPlacement, ByMigUuid, ByUuid, GpuRequest, Selection
 
-__all__ = ["Selected", "UnknownMigDeviceError", "in_mig_mode", "mig_devices", "select"]
+__all__ = ["Selected", "UnknownMigDeviceError", "in_mig_mode", "mig_devices", "mig_devices_in", "select"]
 
 
 class UnknownMigDeviceError(UnknownDeviceError):
@@ -67,6 +69,26 @@ def mig_devices(inventory: Inventory) -> tuple[MigDevice, ...]:
     return tuple(sorted(found, key=lambda m: (m.parent.index, m.gpu_instance.gi, m.compute_instance.ci)))
 
 
+def mig_devices_in(devices: Iterable[tuple[int, int]], inventory: Inventory) -> tuple[MigDevice, ...]:
+    """The MIG devices whose three nodes are all among ``devices`` ((major, minor) of
+    character devices): the parent's ``/dev/nvidia<M>``, and the ``nvidia-caps``
+    nodes of its GPU and compute instance (the minors procfs names). What a CDI
+    spec entry or the device plugin's device specs put into a container."""
+    layout = inventory.mig
+    if inventory.nvidia_major is None or layout.caps_major is None:
+        return ()
+    present: dict[int, set[int]] = {}
+    for major, minor in devices:
+        present.setdefault(major, set()).add(minor)
+    parents = present.get(inventory.nvidia_major, set())
+    caps = present.get(layout.caps_major, set())
+    return tuple(
+        m
+        for m in mig_devices(inventory)
+        if m.parent.minor in parents and m.gpu_instance.access.minor in caps and m.compute_instance.access.minor in caps
+    )
+
+
 def select(request: GpuRequest, inventory: Inventory, *, refuse_mig_mode: bool = False) -> Selected:
     """The GPUs and MIG devices ``request`` names. Raises before returning anything partial.
 
@@ -88,7 +110,11 @@ def select(request: GpuRequest, inventory: Inventory, *, refuse_mig_mode: bool =
     by_bus = {g.bus_id: g for g in inventory.gpus}
     gpus: list[Gpu] = []
     migs: list[MigDevice] = []
+    unnamed: list[ByMigUuid | ByMigIndex] = []  # NVML's names, with NVML not available
     for device_id in request.ids:
+        if isinstance(device_id, (ByMigUuid, ByMigIndex)) and layout.gpu_instances and layout.nvml is None:
+            unnamed.append(device_id)
+            continue
         if isinstance(device_id, (ByMigUuid, ByMigIndex, ByMigPlacement)):
             mig = _mig(device_id, request.source, inventory, by_uuid)
             if mig not in migs:
@@ -117,6 +143,13 @@ def select(request: GpuRequest, inventory: Inventory, *, refuse_mig_mode: bool =
         if gpu not in gpus:
             gpus.append(gpu)
     notes = []
+    if unnamed:
+        given = _given_by_device_specs(request, inventory, unnamed, migs)
+        migs.extend(given)
+        notes.append(
+            f"{', '.join(_shown(i) for i in unnamed)}: NVML is not available ({layout.nvml_error or 'not asked'}); "
+            f"served as the MIG device(s) whose nodes the container already has: {', '.join(m.name for m in given)}"
+        )
     for gpu in gpus:
         if in_mig_mode(gpu, layout):
             what = f"GPU {gpu.index} ({gpu.uuid}) is in MIG mode: a container given the whole GPU sees no CUDA device"
@@ -127,6 +160,33 @@ def select(request: GpuRequest, inventory: Inventory, *, refuse_mig_mode: bool =
                 )
             notes.append(f"{what}; its MIG devices: {_mig_list(inventory, gpu)}")
     return Selected(tuple(gpus), tuple(migs), tuple(notes))
+
+
+def _shown(device_id: ByMigUuid | ByMigIndex) -> str:
+    return device_id.uuid if isinstance(device_id, ByMigUuid) else f"{device_id.gpu}:{device_id.mig}"
+
+
+def _given_by_device_specs(
+    request: GpuRequest, inventory: Inventory, unnamed: list[ByMigUuid | ByMigIndex], named: list[MigDevice]
+) -> tuple[MigDevice, ...]:
+    """The MIG devices NVML's names stand for, without NVML: those whose three nodes
+    the container's spec already holds (the device plugin's device specs, with
+    ``passDeviceSpecs``: the same Allocate answer that named them), when they are
+    exactly as many as the names. The container gets nothing its spec did not
+    already open to it. Otherwise RequestError with NVML's reason."""
+    given = tuple(m for m in mig_devices_in(request.devices, inventory) if m not in named)
+    if len(given) == len(unnamed):
+        if len(given) == 1 and isinstance(unnamed[0], ByMigUuid):
+            # One name, one device: the pairing is certain, keep the name asked for.
+            return (dataclasses.replace(given[0], uuid=unnamed[0].uuid),)
+        return given
+    why = inventory.mig.nvml_error or "NVML was not asked"
+    names = ", ".join(_shown(i) for i in unnamed[:8])
+    found = f"; the container's own device nodes hold {len(given)} MIG device(s)" if given else ""
+    raise RequestError(
+        f"{request.source}: MIG device(s) {names} can only be found through NVML, which is not available ({why})"
+        f"{found}; name them by placement instead: {_node_migs(inventory)}"
+    )
 
 
 def _nvml_names(layout: MigLayout) -> dict[tuple[int, int, int], tuple[str, str]]:
@@ -183,12 +243,7 @@ def _mig(
     what = device_id.uuid if isinstance(device_id, ByMigUuid) else f"{device_id.gpu}:{device_id.mig}"
     if not layout.gpu_instances:
         raise UnknownDeviceError(f"{source}: no MIG device {what}: {_node_migs(inventory)}")
-    if layout.nvml is None:
-        why = layout.nvml_error or "NVML was not asked"
-        raise RequestError(
-            f"{source}: MIG device {what} can only be found through NVML, which is not available ({why}); "
-            f"name it by placement instead: {_node_migs(inventory)}"
-        )
+    # (With instances but no NVML, ``select`` looks in the container's device specs instead.)
     for m in mig_devices(inventory):
         if isinstance(device_id, ByMigUuid):
             if m.uuid is not None and m.uuid.lower() == device_id.uuid.lower():

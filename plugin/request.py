@@ -22,6 +22,7 @@ from engine.config import Policy
 from engine.errors import RequestError
 from engine.request import (
     CONTAINER_ANNOTATION_PREFIX,
+    MAX_DEVICE_NODES,
     MAX_LIST_ENTRIES,
     MAX_REQUEST_ENV,
     POD_ANNOTATION,
@@ -106,7 +107,15 @@ def container_info(pod: api.PodSandbox, container: api.Container) -> ContainerIn
         # NRI does not tell whether a container is privileged; treating every
         # container as unprivileged is the safe reading of the env policy.
         privileged=False,
+        devices=_char_devices(container),
     )
+
+
+def _char_devices(container: api.Container) -> tuple[tuple[int, int], ...]:
+    devices = container.linux.devices
+    if len(devices) > MAX_DEVICE_NODES:
+        return ()
+    return tuple((d.major, d.minor) for d in devices if d.type == "c")
 
 
 def describe(pod: api.PodSandbox, container: api.Container) -> str:

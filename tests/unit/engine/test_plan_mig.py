@@ -205,3 +205,71 @@ def test_mig_needs_the_nvidia_caps_major(node: Node) -> None:
     whole = parse_request(ContainerInfo(name="main", env={"NVIDIA_VISIBLE_DEVICES": "0"}), node.config.policy)
     assert whole.request is not None
     plan(whole.request, dataclasses.replace(node.inventory, mig=layout), node.config)
+
+
+def _spec_nodes(node: Node, *placements: tuple[int, int]) -> tuple[tuple[int, int], ...]:
+    """(major, minor) of what the device plugin's device specs put into a container for
+    GPU 2's MIG devices at these (gi, ci): the parent node and both cap nodes."""
+    m = node.gpu(2).minor
+    nodes = {(195, m)}
+    for gi, ci in placements:
+        nodes |= {(CAPS_MAJOR, cap_minor(m, gi)), (CAPS_MAJOR, cap_minor(m, gi, ci))}
+    return tuple(sorted(nodes))
+
+
+def _plan_with_devices(node: Node, devices: str, nodes: tuple[tuple[int, int], ...]) -> Plan:
+    info = ContainerInfo(name="main", env={"NVIDIA_VISIBLE_DEVICES": devices}, devices=nodes)
+    outcome = parse_request(info, node.config.policy)
+    assert outcome.request is not None
+    return plan(outcome.request, node.bare, node.config)
+
+
+def test_without_nvml_a_mig_uuid_is_the_device_whose_nodes_the_device_plugin_passed(node: Node) -> None:
+    """The GPU operator's device plugin passes each MIG device's nodes (passDeviceSpecs)
+    in the same answer that names its UUID: without NVML (the plugin's pod has no GPU
+    nodes of its own), those nodes say which instance the UUID is."""
+    p = _plan_with_devices(node, _mig_uuid(102), _spec_nodes(node, (2, 1)))
+    (dev,) = p.mig_devices
+    assert (dev.gpu_instance.gi, dev.compute_instance.ci) == (2, 1)
+    assert dict(p.env)["NVIDIA_VISIBLE_DEVICES"] == _mig_uuid(102)  # one name, one device: kept
+    assert any("NVML is not available (test)" in n and "nodes the container already has" in n for n in p.notes)
+    two = _plan_with_devices(node, f"{_mig_uuid(102)},2:4", _spec_nodes(node, (2, 1), (3, 0)))
+    assert sorted((d.gpu_instance.gi, d.compute_instance.ci) for d in two.mig_devices) == [(2, 1), (3, 0)]
+    # Two names, two devices: which is which is not known, so they are named by placement.
+    assert dict(two.env)["NVIDIA_VISIBLE_DEVICES"] == ",".join(d.name for d in two.mig_devices)
+    assert all(d.name.startswith(f"MIG-{node.gpu(2).uuid}/") for d in two.mig_devices)
+
+
+@pytest.mark.parametrize(
+    "nodes",
+    [
+        (),  # no device specs
+        "two",  # more devices than names: which one is meant?
+        "half",  # a compute instance's node without its GPU instance's
+        "no parent",
+    ],
+)
+def test_without_nvml_device_specs_that_do_not_match_the_names_are_refused(node: Node, nodes: Any) -> None:
+    m = node.gpu(2).minor
+    given = {
+        (): (),
+        "two": _spec_nodes(node, (2, 1), (3, 0)),
+        "half": ((195, m), (CAPS_MAJOR, cap_minor(m, 2, 1))),
+        "no parent": ((CAPS_MAJOR, cap_minor(m, 2)), (CAPS_MAJOR, cap_minor(m, 2, 1))),
+    }[nodes]
+    with pytest.raises(RequestError) as exc:
+        _plan_with_devices(node, _mig_uuid(102), given)
+    message = str(exc.value)
+    assert "can only be found through NVML" in message and "(test)" in message, message
+    assert not isinstance(exc.value, UnknownDeviceError)
+
+
+def test_device_specs_never_widen_a_request_nvml_resolved(node: Node) -> None:
+    # With NVML, the UUID decides; nodes the container happens to have add nothing.
+    info = ContainerInfo(
+        name="main", env={"NVIDIA_VISIBLE_DEVICES": _mig_uuid(102)}, devices=_spec_nodes(node, (2, 1), (3, 0))
+    )
+    outcome = parse_request(info, node.config.policy)
+    assert outcome.request is not None
+    p = plan(outcome.request, node.inventory, node.config)
+    assert [(d.gpu_instance.gi, d.compute_instance.ci) for d in p.mig_devices] == [(2, 1)]

@@ -8,7 +8,7 @@ import pytest
 
 from engine.config import Policy
 from engine.errors import RequestError
-from engine.request import MAX_LIST_ENTRIES, MAX_REQUEST_ENV, POD_ANNOTATION, VOLUME_MARKER_DIR
+from engine.request import MAX_DEVICE_NODES, MAX_LIST_ENTRIES, MAX_REQUEST_ENV, POD_ANNOTATION, VOLUME_MARKER_DIR
 from plugin._proto import nri_pb2 as api
 from plugin.request import container_info, first_values, may_request
 
@@ -94,3 +94,18 @@ def test_first_values_reads_only_the_keys_asked_for_first_entry_wins() -> None:
     container = _container(["A=1", "NVIDIA_X=a", "NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_X=b", "NVIDIA_XY=c"])
     assert first_values(container, ("NVIDIA_X", "NVIDIA_DRIVER_CAPABILITIES")) == {"NVIDIA_X": "a"}
     assert first_values(container, ()) == {}
+
+
+def test_the_containers_character_devices_are_passed_up_to_a_bound() -> None:
+    """The device plugin's device specs (a MIG device's parent and cap nodes) reach the
+    engine as (major, minor); block devices do not; a privileged container's hundreds
+    of host devices past the bound are not read at all."""
+    pod = api.PodSandbox(name="p", namespace="ml")
+    ctr = api.Container(name="c", env=["NVIDIA_VISIBLE_DEVICES=0"])
+    ctr.linux.devices.add(path="/dev/nvidia0", type="c", major=195, minor=0)
+    ctr.linux.devices.add(path="/dev/nvidia-caps/nvidia-cap21", type="c", major=236, minor=21)
+    ctr.linux.devices.add(path="/dev/sda", type="b", major=8, minor=0)
+    assert container_info(pod, ctr).devices == ((195, 0), (236, 21))
+    for minor in range(MAX_DEVICE_NODES):
+        ctr.linux.devices.add(path=f"/dev/x{minor}", type="c", major=1, minor=minor)
+    assert container_info(pod, ctr).devices == ()
