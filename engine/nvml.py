@@ -122,15 +122,28 @@ print(json.dumps(out, separators=(",", ":")))
 """
 
 
+def _shown(value: Any) -> str:
+    """``value`` for a message, at most 100 characters: a number of thousands of
+    digits (found by tests/fuzz) or a list holding one is not printed whole, and
+    past 4300 digits Python refuses to print it at all."""
+    if type(value) is int and value.bit_length() > 64:
+        return f"a number of {value.bit_length()} bits"
+    try:
+        text = repr(value)
+    except ValueError:
+        return f"a {type(value).__name__} too large to show"
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
 def _int(value: Any, what: str, maximum: int) -> int:
     if type(value) is not int or not 0 <= value <= maximum:
-        raise NvmlError(f"NVML probe: {what} is {value!r}, not a number 0..{maximum}")
+        raise NvmlError(f"NVML probe: {what} is {_shown(value)}, not a number 0..{maximum}")
     return value
 
 
 def _str(value: Any, what: str, pattern: re.Pattern[str]) -> str:
     if not isinstance(value, str) or not pattern.fullmatch(value):
-        raise NvmlError(f"NVML probe: {what} is {str(value)[:100]!r}, not a UUID of that kind")
+        raise NvmlError(f"NVML probe: {what} is {_shown(value)}, not a UUID of that kind")
     return value
 
 
@@ -138,14 +151,14 @@ def _mig_mode(value: Any, what: str) -> tuple[bool | None, bool | None]:
     if value is None:
         return None, None  # NOT_SUPPORTED: a GPU without MIG
     if not isinstance(value, list) or len(value) != 2:
-        raise NvmlError(f"NVML probe: {what} is {str(value)[:100]!r}, not [current, pending]")
+        raise NvmlError(f"NVML probe: {what} is {_shown(value)}, not [current, pending]")
     current, pending = (_int(v, what, 1) for v in value)
     return current == 1, pending == 1
 
 
 def _mig_device(value: Any, what: str) -> NvmlMigDevice:
     if not isinstance(value, list) or len(value) != 4:
-        raise NvmlError(f"NVML probe: {what} is {str(value)[:100]!r}, not [j, uuid, gi, ci]")
+        raise NvmlError(f"NVML probe: {what} is {_shown(value)}, not [j, uuid, gi, ci]")
     j = _int(value[0], f"{what} index", MAX_MIG_DEVICES - 1)
     uuid = _str(value[1], f"{what} uuid", _MIG_UUID)
     return NvmlMigDevice(j, uuid, _int(value[2], f"{what} gi", 14), _int(value[3], f"{what} ci", 7))

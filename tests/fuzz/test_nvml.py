@@ -63,6 +63,13 @@ GPUS = (Gpu(0, 2, "0000:07:00.0", GPU, "NVIDIA A100-SXM4-80GB"),)
 @given(text=TEXTS)
 @example(text=GOOD)
 @example(text=GOOD.replace('"minor":2', '"minor":' + "9" * 5000))
+# Found by this test: a field of some 4000 digits was echoed whole in the refusal (4357 characters).
+@example(
+    text=GOOD.replace(
+        '"MIG-d4f81a18-e24a-9a82-320d-d4171b7882dd",2', '"MIG-d4f81a18-e24a-9a82-320d-d4171b7882dd",' + "1" * 4000
+    )
+)
+@example(text=GOOD.replace('"mig":[1,1]', '"mig":[1,' + "7" * 4200 + "]"))
 @example(text=json.dumps({"gpus": [json.loads(GOOD)["gpus"][0]] * (MAX_GPUS + 1)}))
 def test_probe_output(text: str) -> None:
     got = typed(DiscoveryError, parse_probe_output, text)

@@ -91,7 +91,7 @@ def test_a_probe_error_names_the_call_and_its_code() -> None:
         (line([gpu(uuid="GPU-12 34")]), "GPU 0 uuid"),
         (line([gpu(minor=1 << 20)]), "GPU 0 minor is 1048576"),
         (line([gpu(mig=(2, 0))]), "GPU 0 mig is 2"),
-        (line([gpu(mig=(1,))]), r"GPU 0 mig is '\[1\]'"),
+        (line([gpu(mig=(1,))]), r"GPU 0 mig is \[1\], not \[current, pending\]"),
         (line([gpu(devices=[(0, MIG_A, 2)])]), "GPU 0 MIG device 0 is"),
         (line([gpu(devices=[(64, MIG_A, 2, 0)])]), "GPU 0 MIG device 0 index is 64"),
         (line([gpu(devices=[(0, UUID1, 2, 0)])]), "GPU 0 MIG device 0 uuid"),
