@@ -23,6 +23,7 @@ class EngineConfigError(EngineError, ValueError):
 
 _ROOT_KEYS = ("driver_root", "dev_root", "proc_root", "ldconfig", "host_root")
 LD_CACHE_MODES = ("merge", "rebuild")
+EQUIPPED_MODES = ("stand-aside", "complete")  # policy.equipped_containers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,10 @@ class Policy:
 
     ``refuse_mig_mode_gpus``: refuse a whole-GPU request for a GPU in MIG mode
     (CUDA sees no device in it) instead of serving it with a note.
+
+    ``equipped_containers``: what becomes of a container that CDI already gave
+    GPUs (``engine.equipped``): ``"stand-aside"`` (nothing added) or
+    ``"complete"`` (only the procfs view and the ld.so.cache entries).
     """
 
     accept_env_unprivileged: bool = True
@@ -78,6 +83,12 @@ class Policy:
     mig_monitor_namespaces: tuple[str, ...] | None = ("kube-system", "gpu-operator")
     mig_config_namespaces: tuple[str, ...] | None = ()
     refuse_mig_mode_gpus: bool = False
+    equipped_containers: str = "stand-aside"
+
+    def __post_init__(self) -> None:
+        if self.equipped_containers not in EQUIPPED_MODES:
+            modes = ", ".join(repr(m) for m in EQUIPPED_MODES)
+            raise EngineConfigError(f"policy.equipped_containers: {self.equipped_containers!r} is not one of {modes}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,8 +232,10 @@ def policy_from_mapping(table: Mapping[str, Any]) -> Policy:
             values[key] = _namespaces(key, value)
         elif key == "capabilities":
             values[key] = _capabilities(value)
+        elif key == "equipped_containers":
+            values[key] = value  # checked by Policy
         else:
-            known = sorted((*_BOOL_POLICY, *_NAMESPACE_POLICY, "capabilities"))
+            known = sorted((*_BOOL_POLICY, *_NAMESPACE_POLICY, "capabilities", "equipped_containers"))
             raise EngineConfigError(f"policy.{key}: unknown setting (known: {', '.join(known)})")
     return Policy(**values)
 

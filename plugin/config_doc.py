@@ -96,7 +96,7 @@ OPTIONS: tuple[Option, ...] = (
         "engine",
         "ldconfig",
         '"/sbin/ldconfig"',
-        'The host\'s trusted ldconfig that rebuilds a GPU container\'s ld.so cache ("rebuild").\n'
+        "The host's trusted ldconfig that rebuilds a GPU container's ld.so cache (\"rebuild\").\n"
         "Security: it runs from a descriptor opened here, never the image's binary;\n"
         "point it only at a root-owned file.",
     ),
@@ -145,7 +145,7 @@ OPTIONS: tuple[Option, ...] = (
         "volume markers is refused; one whose env asks (nvidia/cuda images say all) runs\n"
         "without GPUs, and the log says why. A pod made without a namespace (straight\n"
         'through CRI) passes only "*". Security: on a shared cluster list the namespaces\n'
-        "that run GPU work; with \"*\" every namespace's pods may get GPUs.",
+        'that run GPU work; with "*" every namespace\'s pods may get GPUs.',
     ),
     Option(
         "policy",
@@ -201,6 +201,17 @@ OPTIONS: tuple[Option, ...] = (
         "false",
         "A whole-GPU request (0, GPU-..., a bus id) for a GPU in MIG mode: CUDA sees no device\n"
         "in it. false serves it with a note in the log; true refuses the container.",
+    ),
+    Option(
+        "policy",
+        "equipped_containers",
+        '"stand-aside"',
+        "A container that CDI already gave GPUs (Kubernetes DRA, the device plugin's\n"
+        'cdi-annotations or cdi-cri strategies, a cdi.k8s.io/ annotation): "stand-aside" adds\n'
+        'nothing (the spec did the whole job); "complete" adds only what CDI cannot: the\n'
+        "/proc/driver/nvidia view limited to its GPUs and the ld.so.cache entries of the\n"
+        "driver libraries it mounts. Either way a request of ours for other GPUs than it\n"
+        "has is refused, naming both.",
     ),
 )
 

@@ -16,11 +16,12 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.discover import InventoryCache, current_ipc
+from engine.equipped import Source, cdi_names, completion, conflict, equipped, nvidia_nri_annotation
 from engine.errors import EngineError, StartError, UnknownDeviceError
 from engine.model import DriverFile, Inventory, Plan
 from engine.plan import ipc_in_mounts
 from engine.plan import plan as make_plan
-from engine.request import GpuRequest, parse_request
+from engine.request import DRIVER_CAPABILITIES, ContainerInfo, GpuRequest, parse_capabilities, parse_request
 from engine.selection import UnknownMigDeviceError
 from engine.start.runner import find_init_pid, run_start_async, shows_driver_view
 from engine.start.work import start_work
@@ -77,12 +78,13 @@ class GpuPlugin:
         """
         try:
             began = time.perf_counter()
-            outcome = parse_request(container_info(pod, container), self._config.policy)
+            info = container_info(pod, container)
+            outcome = parse_request(info, self._config.policy)
             parsed = time.perf_counter()
             for note in outcome.notes:
                 logger.info("%s: %s", describe(pod, container), note)
             if outcome.request is None:
-                return None
+                return self._equipped(pod, container, info, None, "")
             request, ipc = outcome.request, self._ipc_now()
             inventory = self._inventory.current()
             waited = 0.0
@@ -108,11 +110,54 @@ class GpuPlugin:
             if steps is not None:
                 steps["request"] = (parsed - began) * 1000
                 steps["plan"] = (time.perf_counter() - parsed - waited) * 1000
+            final = self._equipped(pod, container, info, result, request.source)
         except EngineError as exc:
             raise PluginError(str(exc)) from exc
-        for note in result.notes:
+        for note in final.notes if final is not None else ():
             logger.info("%s: %s", describe(pod, container), note)
-        return result
+        return final
+
+    def _equipped(
+        self, pod: api.PodSandbox, container: api.Container, info: ContainerInfo, planned: Plan | None, source: str
+    ) -> Plan | None:
+        """``planned`` (what the container's own request from ``source`` gives, None without one),
+        held against what the container already has (``engine.equipped``): the plan
+        to apply, None to leave the container alone. Raises PluginError naming both
+        sets when they differ, and EngineError (planning the completion)."""
+        policy = self._config.policy
+        who = describe(pod, container)
+        other = nvidia_nri_annotation(pod.annotations)
+        if other is not None and planned is not None:
+            if source.startswith("env "):
+                logger.info("%s: %s ignored: NVIDIA's NRI plugin equips this pod (annotation %s)", who, source, other)
+                return None
+            raise PluginError(
+                f"its pod asks NVIDIA's NRI plugin for GPUs (annotation {other}) and {source} asks nri-gpu: "
+                "two producers would inject two sets; use one"
+            )
+        if not info.devices:
+            return planned
+        inventory = self._inventory.current()
+        names = cdi_names({**pod.annotations, **container.annotations}, (d.name for d in container.CDI_devices))
+        mounted = {m.destination for m in container.mounts}
+        have = equipped(info.devices, mounted, names, inventory)
+        if have is None:
+            return planned
+        if planned is not None:
+            why = conflict(have, planned, source)
+            if why is not None:
+                raise PluginError(why)
+        if have.source is not Source.CDI:
+            return planned  # device nodes only (passDeviceSpecs): the driver files are ours to give
+        if policy.equipped_containers == "stand-aside":
+            logger.info("%s: already has %s (%s); nri-gpu stands aside", who, have.describe(), have.evidence)
+            return None
+        caps = (
+            planned.capabilities
+            if planned is not None
+            else parse_capabilities(info.env.get(DRIVER_CAPABILITIES), legacy_image=False)
+        )
+        return completion(have, inventory, self._config, caps, mounted)
 
     def _plan_on(self, request: GpuRequest, inventory: Inventory, ipc: tuple[DriverFile, ...]) -> Plan:
         if self._metrics is not None:
@@ -336,8 +381,7 @@ class GpuPlugin:
         ms = (time.perf_counter() - began) * 1000
         if len(shown) < len(equipped):
             logger.warning(
-                "Synchronize: %d of %d running GPU containers not checked for their start work: out of time "
-                "(%.0f ms)",
+                "Synchronize: %d of %d running GPU containers not checked for their start work: out of time (%.0f ms)",
                 len(equipped) - len(shown),
                 len(equipped),
                 ms,

@@ -45,6 +45,11 @@ def may_request(pod: api.PodSandbox, container: api.Container, policy: Policy) -
     for entry in container.env:
         if entry.startswith(_ENV_PREFIX) or (policy.legacy_image_all_gpus and entry.startswith(_LEGACY_PREFIX)):
             return True
+    # A container CDI already gave GPUs is completed without a request of ours.
+    if policy.equipped_containers == "complete" and any(
+        d.path.startswith("/dev/nvidia") for d in container.linux.devices
+    ):
+        return True
     if not policy.accept_volume_mounts:
         return False
     return any(m.destination.startswith(_MARKER_PREFIX) for m in container.mounts)
