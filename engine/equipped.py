@@ -167,23 +167,29 @@ def completion(
 ) -> Plan:
     """What CDI cannot give a CDI-equipped container (``"complete"``): no device,
     mount or env (the spec's stand), only the start work: the procfs view of its
-    GPUs (and MIG access files) and the ld.so.cache entries of the driver
-    libraries it already mounts. Raises what ``plan`` raises."""
+    GPUs (and MIG access files), and for the driver libraries it already mounts
+    their ld.so.cache entries and the links those name (``libcuda.so.1 ->
+    libcuda.so.550.163.01``: a spec whose hook made them already keeps them, the
+    same link is left as it is). Raises what ``plan`` raises."""
     ids: list[DeviceId] = [ByUuid(g.uuid) for g in have.gpus]
     ids += [ByMigPlacement(m.parent.uuid, m.gpu_instance.gi, m.compute_instance.ci) for m in have.mig_devices]
     request = GpuRequest(Selection.LIST, tuple(ids), capabilities, (), f"{have.source.value} ({have.evidence})")
     full = make_plan(request, inventory, config)
     entries = tuple(e for e in full.ld_cache_entries if _target(e.path, full) in mounted)
+    links = tuple(s for s in full.symlinks if _target(s.path, full) in mounted)
     return dataclasses.replace(
         full,
         devices=(),
         mounts=(),
         env=(),
-        symlinks=(),
+        symlinks=links,
         ipc=(),
         ld_cache_entries=entries,
         ldconfig_folders=tuple(sorted({e.path.rsplit("/", 1)[0] for e in entries})),
-        notes=(*full.notes, f"already equipped by {have.evidence}: only the procfs view and the ld.so.cache added"),
+        notes=(
+            *full.notes,
+            f"already equipped by {have.evidence}: only the procfs view, library links and ld.so.cache added",
+        ),
     )
 
 

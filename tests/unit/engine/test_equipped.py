@@ -95,12 +95,16 @@ def test_completion_adds_only_the_view_and_the_cache_entries_of_mounted_librarie
     assert have is not None
     caps = frozenset({Capability.COMPUTE, Capability.UTILITY})
     done = completion(have, node.inventory, node.config, caps, {LIBCUDA})
-    assert done.devices == () and done.mounts == () and done.env == () and done.symlinks == ()
+    assert done.devices == () and done.mounts == () and done.env == ()
+    assert {(s.path.rsplit("/", 1)[1], s.target) for s in done.symlinks} == {
+        ("libcuda.so.1", "libcuda.so.550.163.01"),
+        ("libcuda.so", "libcuda.so.1"),
+    }
     assert done.visible_bus_ids == (node.inventory.gpus[1].bus_id,)
     assert {e.name for e in done.ld_cache_entries} == {"libcuda.so.1", "libcuda.so"}
     assert done.ldconfig_folders == ("/usr/lib/x86_64-linux-gnu",)
     assert done.gpus == (node.inventory.gpus[1],)
-    assert any("only the procfs view and the ld.so.cache added" in n for n in done.notes)
+    assert any("only the procfs view, library links and ld.so.cache added" in n for n in done.notes)
 
 
 def test_nvidia_nri_annotations_and_the_policy_switch() -> None:
