@@ -25,7 +25,10 @@ The steps:
 2. procfs isolation (``procview``): mounted on the container's live tree, the
    one thing that must be; its marker is read through the copy;
 3. symlinks (``links``);
-4. ``ld.so.conf`` files, then the ld.so cache: the driver's entries merged
+4. CUDA forward compatibility (``compat``, with ``policy.cuda_compat``): is
+   the image's ``/usr/local/cuda/compat`` newer than the driver? Then its
+   libraries go first, in the conf files and the cache;
+5. ``ld.so.conf`` files, then the ld.so cache: the driver's entries merged
    into the image's own cache (``ldconfig.merge``, no process), or with
    ``ld_cache = "rebuild"`` ldconfig in its confined child (``ldconfig``,
    ``confine``), skipped when nothing was written and the cache already lists
@@ -42,7 +45,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from engine.start import cgroup, ipc, ldconfig, links, mountinfo, procview, syscalls
+from engine.start import cgroup, compat, ipc, ldconfig, links, mountinfo, procview, syscalls
 from engine.start.rootdir import RootDir
 from engine.start.work import StartReport, StartWork, WorkError
 
@@ -186,20 +189,28 @@ def _steps(live: RootDir, host: _Host, work: StartWork, step: _Steps, deadline: 
     written = False
     with step("symlinks"):
         links.create(copy, work.symlinks)
+    found = compat.Compat()
+    if work.ldconfig_folders and work.cuda_compat:
+        with step("CUDA compat"):
+            found = compat.check(copy, work.driver_version)
     if work.ldconfig_folders:
+        # The compat folder's entries go in after the driver's: each goes before
+        # its ties, so before the driver's library of the same name.
+        entries = work.ld_cache_entries + found.entries
         with step("ld.so.conf"):
             changed = ldconfig.write_conf(copy, work.ldconfig_folders)
+            changed = ldconfig.write_compat_conf(copy, found.folder) or changed
         if host.trusted is None:  # ld_cache "merge"
             with step("ld.so.cache"):
-                written = ldconfig.merge(copy, work.ld_cache_entries, deadline)
+                written = ldconfig.merge(copy, entries, deadline)
         else:  # "rebuild": the trusted ldconfig was opened on the host for it
             with step("ldconfig"):
-                if changed or not ldconfig.cache_lists(copy, work.ld_cache_entries, deadline):
+                if changed or not ldconfig.cache_lists(copy, entries, deadline):
                     # Its own line: the ldconfig process alone, fork to reap.
                     step.timings["ldconfig process"] = ldconfig.run(copy, host.trusted, deadline)
                     written = True
     step.timings["total"] = (time.perf_counter() - started) * 1000
-    return StartReport(timings_ms=step.timings, procfs=procfs, ld_cache_written=written)
+    return StartReport(timings_ms=step.timings, procfs=procfs, ld_cache_written=written, cuda_compat=found.note)
 
 
 def _open_host(pid: int, work: StartWork, step: _Steps, ldconfig_path: str) -> tuple[int, _Host, list[_Seen]]:

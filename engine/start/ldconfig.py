@@ -47,12 +47,30 @@ from engine.ldcache_merge import merge as merge_entries
 from engine.model import LdCacheEntry
 from engine.start import confine, elf, syscalls
 from engine.start.confine import Trusted
-from engine.start.rootdir import OverLimit, RootDir, describe, read_regular, split, write_atomically
+from engine.start.rootdir import WRITE, OverLimit, RootDir, describe, read_regular, split, write_atomically
 from engine.start.work import WorkError
 
-__all__ = ["CONF", "Trusted", "cache_lists", "merge", "open_trusted", "run", "write_conf"]
+__all__ = [
+    "COMPAT_CONF",
+    "CONF",
+    "Trusted",
+    "cache_lists",
+    "merge",
+    "open_trusted",
+    "run",
+    "write_compat_conf",
+    "write_conf",
+]
 
 CONF = "/etc/ld.so.conf.d/00-nri-gpu.conf"  # 00-: before the image's own files, as the toolkit's 00-nvcr
+# CUDA forward compatibility: the image's compat folder, read before ours. glibc
+# reads ``include /etc/ld.so.conf.d/*.conf`` through glob(3), which sorts the
+# names (byte order in ldconfig's C locale, and 'c' sorts before 'n' in the
+# usual ones too): "00-compat-nri-gpu.conf" < "00-nri-gpu.conf", so a rebuild
+# scans the compat folder first and lists its libcuda.so.1 before the
+# driver's, as the toolkit's "00-compat-<random>.conf" does.
+COMPAT_CONF = "/etc/ld.so.conf.d/00-compat-nri-gpu.conf"
+_COMPAT_HEADER = b"# Written by nri-gpu at container start: CUDA forward compatibility"
 MAIN_CONF = "/etc/ld.so.conf"
 MAIN_CONF_TEXT = b"include /etc/ld.so.conf.d/*.conf\n"  # what the toolkit writes where there is none
 CACHE = "/etc/ld.so.cache"
@@ -169,6 +187,37 @@ def write_conf(root: RootDir, folders: tuple[str, ...]) -> bool:
     finally:
         os.close(folder)
     return changed
+
+
+def write_compat_conf(root: RootDir, folder: str | None) -> bool:
+    """Write ``00-compat-nri-gpu.conf`` naming ``folder`` (the CUDA compat folder)
+    or, with None, remove one we wrote before (a file of that name whose first
+    line is not ours is the image's: left alone); True when anything changed."""
+    parent, name = split(COMPAT_CONF)
+    if folder is None:
+        found = root.find_dir(parent, resolve=WRITE)
+        if found is None:
+            return False
+        try:
+            current = _current(found, name)
+            if current is None or not current.startswith(_COMPAT_HEADER):
+                return False
+            try:
+                os.unlink(name, dir_fd=found)
+            except OSError as exc:
+                raise WorkError(describe(exc, COMPAT_CONF)) from exc
+            return True
+        finally:
+            os.close(found)
+    want = _COMPAT_HEADER + b" (the image's cuda-compat libraries before the driver's).\n" + folder.encode() + b"\n"
+    dirfd = root.makedirs(parent)
+    try:
+        if _current(dirfd, name) == want:
+            return False
+        write_atomically(dirfd, name, want, 0o644, what=COMPAT_CONF)
+        return True
+    finally:
+        os.close(dirfd)
 
 
 def _current(dirfd: int, name: str) -> bytes | None:

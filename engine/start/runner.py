@@ -392,7 +392,10 @@ def _outcome(work: StartWork, data: bytes, status: int | None, timed_out: bool, 
         raise StartError(work.container, str(result.get("step", last_step)), str(result.get("error", "failed")))
     timings = {str(k): float(v) for k, v in dict(result.get("timings", {})).items()}
     return StartReport(
-        timings_ms=timings, procfs=str(result.get("procfs")), ld_cache_written=bool(result.get("ld_cache"))
+        timings_ms=timings,
+        procfs=str(result.get("procfs")),
+        ld_cache_written=bool(result.get("ld_cache")),
+        cuda_compat=str(result.get("cuda_compat", ""))[:1000],
     )
 
 
@@ -427,7 +430,13 @@ def _worker(out: int, pid: int, work: StartWork, ldconfig: str, deadline: float)
         )
         _emit(
             out,
-            {"ok": True, "timings": report.timings_ms, "procfs": report.procfs, "ld_cache": report.ld_cache_written},
+            {
+                "ok": True,
+                "timings": report.timings_ms,
+                "procfs": report.procfs,
+                "ld_cache": report.ld_cache_written,
+                "cuda_compat": report.cuda_compat,
+            },
         )
     except actions.StepFailed as exc:
         _emit(out, {"ok": False, "step": exc.step, "error": str(exc)})

@@ -64,6 +64,11 @@ class StartWork:
     # a path opened in the source tree and a mount point made in the view.
     proc_caps: tuple[str, ...] = ()
     proc_caps_all: bool = False
+    # CUDA forward compatibility (``policy.cuda_compat``): the image's
+    # /usr/local/cuda/compat goes before the driver's libraries when it is newer
+    # than ``driver_version``, the host driver's (``engine.cudacompat``).
+    cuda_compat: bool = False
+    driver_version: str = ""
 
     def __post_init__(self) -> None:
         if self.ld_cache not in LD_CACHE_MODES:
@@ -92,6 +97,8 @@ class StartWork:
                 raise ValueError(f"proc cap {cap[:200]!r}: not a capability file the driver makes")
         if len(set(self.proc_caps)) != len(self.proc_caps):
             raise ValueError(f"proc caps {self.proc_caps[:8]!r}: listed twice")
+        if len(self.driver_version) > 64 or not self.driver_version.isprintable():
+            raise ValueError(f"bad driver version {self.driver_version[:64]!r}")
 
 
 def is_cap_path(path: str) -> bool:
@@ -130,12 +137,15 @@ def start_work(
     *,
     driver_root: str = "/",
     ipc: tuple[str, ...] | None = None,
+    cuda_compat: bool = False,
+    driver_version: str = "",
 ) -> StartWork:
     """The start-time part of ``plan``; ``proc_root`` is the engine's procfs root,
     ``ld_cache`` the ``engine.ld_cache`` mode, ``cgroups_path`` the container's
     ``linux.cgroupsPath`` as the runtime sent it, ``driver_root`` the engine's,
     ``ipc`` the IPC endpoints to check when they are not the plan's (the CDI
-    hook's: those its spec mounted).
+    hook's: those its spec mounted), ``cuda_compat`` the policy switch and
+    ``driver_version`` the host driver's (``Inventory.driver_version``).
 
     >>> start_work(Plan(visible_bus_ids=("0000:07:00.0",)), 'container "c"', "/proc").proc_source is None
     True
@@ -156,6 +166,8 @@ def start_work(
         ipc_root=driver_root.rstrip("/") or "/",
         proc_caps=plan.proc_caps,
         proc_caps_all=plan.proc_caps_all,
+        cuda_compat=cuda_compat,
+        driver_version=driver_version,
     )
 
 
@@ -171,9 +183,13 @@ class StartReport:
     insert, write) or, rebuilding, ``ldconfig`` (the check, and the run if any)
     and ``ldconfig process`` (the ldconfig process alone, fork to reap, when it
     ran), and ``total``. ``ld_cache_written``: the container's ld.so.cache was
-    written (not already as wanted).
+    written (not already as wanted). ``cuda_compat``: the CUDA forward-compatibility
+    decision in one line ("" when the image has no ``libcuda.so.*.*`` in
+    ``/usr/local/cuda/compat`` or the policy turned the check off); its cost is
+    the ``CUDA compat`` timing.
     """
 
     timings_ms: dict[str, float] = field(default_factory=dict)
     procfs: str = "skipped"  # "created", "kept" (an identical view was there) or "skipped" (nothing to hide)
     ld_cache_written: bool = False
+    cuda_compat: str = ""
