@@ -118,6 +118,24 @@ class DeviceKind(enum.Enum):
     UVM_TOOLS = "uvm-tools"  # /dev/nvidia-uvm-tools
     MODESET = "modeset"  # /dev/nvidia-modeset
     MIG_CAP = "mig-cap"  # /dev/nvidia-caps/nvidia-cap<minor>: a MIG instance's, monitor's or config's capability
+    IMEX_CHANNEL = "imex-channel"  # /dev/nvidia-caps-imex-channels/channel<n>
+    NVIDIA_FS = "nvidia-fs"  # /dev/nvidia-fs<n> (GPUDirect Storage)
+    INFINIBAND = "infiniband"  # /dev/infiniband/uverbs<n>, /dev/infiniband/rdma_cm (MOFED)
+    GDRDRV = "gdrdrv"  # /dev/gdrdrv (GDRCopy)
+    NVSWITCH = "nvswitch"  # /dev/nvidia-nvswitchctl, /dev/nvidia-nvswitch<n>
+
+
+class Feature(enum.Enum):
+    """The toolkit's feature-gated device sets, each asked for with ``NVIDIA_<NAME>=enabled``."""
+
+    GDS = "gds"
+    MOFED = "mofed"
+    GDRCOPY = "gdrcopy"
+    NVSWITCH = "nvswitch"
+
+    @property
+    def env(self) -> str:
+        return "NVIDIA_" + self.name
 
 
 @dataclass(frozen=True)
@@ -250,6 +268,28 @@ class MigDevice:
 
 
 @dataclass(frozen=True)
+class Fabric:
+    """The node's fabric and I/O devices beside the GPUs (``engine.fabric``).
+
+    ``nodes``: the character devices found under the dev root, numbers and mode as
+    the host's node has them (kinds ``NVIDIA_FS``, ``INFINIBAND``, ``GDRDRV``,
+    ``NVSWITCH``), ``/dev`` then ``/dev/infiniband``, by name. IMEX channels are not listed: a container's channel
+    node is made from ``imex_major`` and the channel number, host node or not.
+    ``gds_files``: (path, node path of the real entry under the driver root) of
+    ``/etc/cufile.json`` and ``/run/udev/data``, looked for only when nvidia-fs
+    nodes exist.
+    """
+
+    imex_major: int | None = None  # "nvidia-caps-imex-channels" in /proc/devices
+    imex_channel_count: int | None = None  # ImexChannelCount in params; None: unknown
+    nodes: tuple[DeviceNode, ...] = ()
+    gds_files: tuple[tuple[str, str], ...] = ()
+
+    def nodes_of(self, kind: DeviceKind) -> tuple[DeviceNode, ...]:
+        return tuple(n for n in self.nodes if n.kind is kind)
+
+
+@dataclass(frozen=True)
 class Inventory:
     """Everything the engine knows about the node; made once by discovery, then read-only."""
 
@@ -262,6 +302,7 @@ class Inventory:
     files: tuple[DriverFile, ...]  # binaries, firmware, IPC sockets
     warnings: tuple[str, ...] = ()
     mig: MigLayout = MigLayout()  # empty on a node without MIG capability files
+    fabric: Fabric = Fabric()  # IMEX, GDS, MOFED, GDRCOPY and NVSWITCH devices
 
     @property
     def has_driver(self) -> bool:
@@ -310,6 +351,9 @@ class Plan:
     # still be the root-only entry at its host path (``StartWork.ipc``).
     ipc: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default=())  # decisions worth a log line (capabilities capped, ...)
+    # Fabric and I/O devices granted (their nodes and mounts are in ``devices`` and ``mounts``).
+    imex_channels: tuple[int, ...] = ()
+    features: tuple[Feature, ...] = ()
 
     @property
     def is_empty(self) -> bool:

@@ -12,6 +12,12 @@ and the first place that has one decides, even when it says ``void``:
 5. with ``policy.legacy_image_all_gpus``, every GPU for a legacy CUDA image
    (``CUDA_VERSION`` set, ``NVIDIA_REQUIRE_CUDA`` unset) that names none.
 
+With a device list that is not void, the fabric and I/O devices are read too
+(``engine.fabric``): the IMEX channels (the ``imex/<id>`` markers under
+``policy.accept_volume_mounts``, else ``NVIDIA_IMEX_CHANNELS`` under the env's
+privilege policy) and ``NVIDIA_GDS``/``_MOFED``/``_GDRCOPY``/``_NVSWITCH``; an
+``imex/<id>`` marker never counts as a GPU marker.
+
 A container that has none of these costs a few dict lookups and gets
 ``RequestOutcome(None)``. A source found is first held against the pod's
 namespace (``policy.namespaces``, and ``policy.annotation_namespaces`` for
@@ -42,6 +48,7 @@ from typing import TypeAlias
 
 from engine.config import Policy
 from engine.errors import RequestError
+from engine.fabric import IMEX_MARKER_PREFIX, FabricRequest, parse_fabric
 from engine.model import ALL_CAPABILITIES, DEFAULT_CAPABILITIES, Capability
 from engine.procfs import canonical_bus_id
 from engine.requirements import MAX_VARIABLES
@@ -142,6 +149,7 @@ class GpuRequest:
     mig_monitor: bool = False
     mig_config: bool = False
     devices: tuple[tuple[int, int], ...] = ()  # ContainerInfo.devices
+    fabric: FabricRequest = field(default_factory=FabricRequest)  # IMEX channels and NVIDIA_GDS etc. (engine.fabric)
 
 
 @dataclass(frozen=True)
@@ -177,6 +185,7 @@ _CAPABILITY_BY_NAME = {c.value: c for c in Capability}
 _REQUIRE_NAME = re.compile(r"NVIDIA_REQUIRE_[A-Z0-9_]*", re.ASCII)
 _TRUE = frozenset({"1", "t", "T", "TRUE", "true", "True"})  # Go's strconv.ParseBool
 _FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
+_IMEX_HOW = f"NVIDIA_IMEX_CHANNELS or volume markers {VOLUME_MARKER_DIR}/{IMEX_MARKER_PREFIX}<id>"
 
 
 def _q(text: str, limit: int = 120) -> str:
@@ -287,8 +296,8 @@ def _unknown_entry(entry: str) -> str:
         return f"unknown device {_q(entry)}; did you mean {entry.lower()}?"
     if entry.startswith("cdi/") or "=" in entry:
         return f"{_q(entry)}: CDI device names are not supported"
-    if entry.startswith("imex/"):
-        return f"{_q(entry)}: IMEX channels are not supported"
+    if entry.startswith(IMEX_MARKER_PREFIX):
+        return f"{_q(entry)}: IMEX channels are asked for with {_IMEX_HOW}, not in a device list"
     return f"unknown device {_q(entry)}; expected {_FORMS}"
 
 
@@ -301,6 +310,13 @@ def _marker_ids(mounts: Iterable[tuple[str, str]]) -> list[str]:
                 raise RequestError(f"volume mounts under {prefix}: more than {MAX_LIST_ENTRIES} entries")
             ids.append(_bounded(dest[len(prefix) :], f"volume mount {_q(dest, 80)}").strip("/"))
     return ids
+
+
+def _split_markers(mounts: Iterable[tuple[str, str]]) -> tuple[list[str], tuple[str, ...]]:
+    """The markers' GPU ids, and the channel ids of the ``imex/<id>`` ones (the toolkit's split)."""
+    ids = _marker_ids(mounts)
+    imex = tuple(i[len(IMEX_MARKER_PREFIX) :] for i in ids if i.startswith(IMEX_MARKER_PREFIX))
+    return [i for i in ids if not i.startswith(IMEX_MARKER_PREFIX)], imex
 
 
 # -- capabilities and requirements -------------------------------------------------------
@@ -410,17 +426,19 @@ def parse_request(info: ContainerInfo, policy: Policy) -> RequestOutcome:
             _check_namespace(info, policy.namespaces, "namespaces", source)
             _check_namespace(info, policy.annotation_namespaces, "annotation_namespaces", source)
             what = f"{source}={_q(_bounded(value, source))}"
-            return _outcome(info, policy, source, parse_device_list(value, what=what))
+            channels = _split_markers(info.mounts)[1] if policy.accept_volume_mounts else ()
+            return _outcome(info, policy, source, parse_device_list(value, what=what), channels)
 
     env = info.env
     env_value = env.get(VISIBLE_DEVICES)
     names_markers = env_value is not None and env_value.strip() == VOLUME_MARKER_DIR
+    imex: tuple[str, ...] = ()
     if policy.accept_volume_mounts:
-        ids = _marker_ids(info.mounts)
+        ids, imex = _split_markers(info.mounts)
         if ids:
             _check_namespace(info, policy.namespaces, "namespaces", "volume mounts")
             what = f"volume mounts under {VOLUME_MARKER_DIR}/ ({', '.join(map(_q, ids[:8]))})"
-            return _outcome(info, policy, "volume mounts", _parse_entries(ids, what))
+            return _outcome(info, policy, "volume mounts", _parse_entries(ids, what), imex)
         if names_markers:
             return RequestOutcome(
                 None, (f"env {VISIBLE_DEVICES}={VOLUME_MARKER_DIR} points at volume-mount markers, but there are none",)
@@ -447,7 +465,7 @@ def parse_request(info: ContainerInfo, policy: Policy) -> RequestOutcome:
         note = f"{source} ignored by policy: the container is not privileged and policy.accept_env_unprivileged is off"
         return RequestOutcome(None, (note,))
     what = f"{source}={_q(_bounded(env_value, source))}"
-    return _outcome(info, policy, source, parse_device_list(env_value, what=what))
+    return _outcome(info, policy, source, parse_device_list(env_value, what=what), imex)
 
 
 def _not_allowed(info: ContainerInfo, allowed: tuple[str, ...], key: str) -> str:
@@ -484,7 +502,11 @@ def _mig_grant(info: ContainerInfo, name: str, allowed: tuple[str, ...] | None, 
 
 
 def _outcome(
-    info: ContainerInfo, policy: Policy, source: str, parsed: tuple[Selection, tuple[DeviceId, ...]] | None
+    info: ContainerInfo,
+    policy: Policy,
+    source: str,
+    parsed: tuple[Selection, tuple[DeviceId, ...]] | None,
+    imex_markers: tuple[str, ...] = (),
 ) -> RequestOutcome:
     if parsed is None:
         return _NOTHING
@@ -505,7 +527,24 @@ def _outcome(
         dropped = ", ".join(sorted(c.value for c in asked - capabilities))
         notes.append(f"capabilities capped by policy.capabilities: {dropped} dropped")
     requirements = _requirements(env, policy, legacy, notes)
+    fabric = parse_fabric(
+        env,
+        imex_markers,
+        privileged=info.privileged,
+        policy=policy,
+        max_entries=MAX_LIST_ENTRIES,
+        max_length=MAX_VALUE_LENGTH,
+        notes=notes,
+    )
     request = GpuRequest(
-        selection, ids, capabilities, requirements, source, mig_monitor=monitor, mig_config=config, devices=info.devices
+        selection,
+        ids,
+        capabilities,
+        requirements,
+        source,
+        mig_monitor=monitor,
+        mig_config=config,
+        devices=info.devices,
+        fabric=fabric,
     )
     return RequestOutcome(request, tuple(notes))

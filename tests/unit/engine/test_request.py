@@ -238,9 +238,12 @@ def test_only_dev_null_under_the_marker_dir_counts() -> None:
 def test_marker_all_and_bad_marker() -> None:
     assert request(mounts=(("/dev/null", f"{VOLUME_MARKER_DIR}/all"),), policy=MOUNTS_ON).selection is Selection.ALL
     with pytest.raises(RequestError) as exc:
-        outcome(mounts=(*MARKERS, ("/dev/null", f"{VOLUME_MARKER_DIR}/imex/0")), policy=MOUNTS_ON)
+        outcome(mounts=(*MARKERS, ("/dev/null", f"{VOLUME_MARKER_DIR}/cdi/x")), policy=MOUNTS_ON)
     assert "volume mounts under /var/run/nvidia-container-devices/" in str(exc.value)
-    assert '"imex/0": IMEX channels are not supported' in str(exc.value)
+    assert '"cdi/x": CDI device names are not supported' in str(exc.value)
+    # An imex/<id> marker is an IMEX channel, never a GPU (tests/unit/engine/test_fabric.py).
+    imex = request(mounts=(*MARKERS, ("/dev/null", f"{VOLUME_MARKER_DIR}/imex/0")), policy=MOUNTS_ON)
+    assert imex.fabric.imex_channels == (0,) and len(imex.ids) == len(MARKERS)
 
 
 def test_env_naming_the_marker_dir() -> None:
