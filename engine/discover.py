@@ -13,6 +13,13 @@ Sources, all read through ``Root`` objects:
   when it shows MIG instances, and only then, NVML is asked for their ``MIG-`` UUIDs
   and ``i:j`` indexes (``engine.nvml``, in a child process);
 * ``<dev_root>/dev/nvidia*``: which control nodes exist;
+* the fabric and I/O nodes (``engine.fabric``): ``/dev/nvidia-fs*``,
+  ``/dev/infiniband/uverbs*`` and ``rdma_cm``, ``/dev/gdrdrv``,
+  ``/dev/nvidia-nvswitchctl`` and ``/dev/nvidia-nvswitch*``, each a character
+  device (never a link followed) whose numbers and mode are taken as the host has
+  them, at most ``FABRIC_LIMIT`` of each kind; the ``nvidia-caps-imex-channels``
+  major and ``ImexChannelCount`` from ``params``; with nvidia-fs nodes, GDS's
+  ``/etc/cufile.json`` and ``/run/udev/data`` under the driver root;
 * ``<driver_root>/etc/ld.so.cache``: the driver libraries, kept when their file
   name carries the driver version, sorted into capabilities;
 * the driver root's binary folders, GSP firmware and daemons' IPC endpoints.
@@ -27,11 +34,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import posixpath
+import stat
 import time
 from collections.abc import Callable, Iterable
 
-from engine import catalogue, migfs, procfs
+from engine import catalogue, fabric, migfs, procfs
 from engine.config import EngineConfig
 from engine.cudaversion import read_cuda_version
 from engine.errors import DiscoveryError
@@ -41,6 +50,7 @@ from engine.model import (
     DeviceKind,
     DeviceNode,
     DriverFile,
+    Fabric,
     FileKind,
     Gpu,
     GpuInstance,
@@ -64,11 +74,17 @@ _CAPS = "/driver/nvidia/capabilities"
 _CAP_FILE_LIMIT = 1024  # three short lines; anything longer is not the driver's
 CONTROL_MINOR = 255
 MODESET_MINOR = 254
+FABRIC_LIMIT = 256  # nodes of one fabric kind taken (a node has 16 nvidia-fs, a few dozen uverbs)
+# GDS's files, where the toolkit looks for them: under the driver root. /run/udev's
+# database only: /run/udev also holds udevd's control socket, which a container's
+# root could use to stop or reconfigure the host's udevd.
+GDS_FILES = (("/etc/cufile.json", False), ("/run/udev/data", True))  # (path, is a folder)
 
 
-def fingerprint(config: EngineConfig) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
-    """Cheap identity of the driver state: version file text, the GPU folder names and
-    the MIG instances' folders (``gpu2/mig/gi2``, ``gpu2/mig/gi2/ci0``, ...).
+def fingerprint(config: EngineConfig) -> tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """Cheap identity of the driver state: version file text, the GPU folder names,
+    the MIG instances' folders (``gpu2/mig/gi2``, ``gpu2/mig/gi2/ci0``, ...) and the
+    fabric nodes' paths (a module such as nvidia-fs is often loaded after us).
 
     A new driver (version line changes), GPUs appearing or disappearing (folders
     change) or GPU or compute instances created or destroyed make it differ;
@@ -80,7 +96,12 @@ def fingerprint(config: EngineConfig) -> tuple[str, tuple[str, ...], tuple[str, 
         version = proc.read_text(_VERSION, limit=4096)
     except DiscoveryError:
         version = ""
-    return version, tuple(proc.listdir(_GPUS)), tuple(_placement_folder(p) for p in _mig_placements(proc))
+    try:
+        fabric_paths = tuple(path for path, _ in _fabric_candidates(Root(config.dev_root), []))
+    except DiscoveryError:
+        fabric_paths = ()
+    migs = tuple(_placement_folder(p) for p in _mig_placements(proc))
+    return version, tuple(proc.listdir(_GPUS)), migs, fabric_paths
 
 
 def discover(
@@ -115,9 +136,10 @@ def discover(
     mig = _mig(proc, majors.get("nvidia-caps"), gpus, warnings)
     if mig.gpu_instances:
         mig = _nvml(driver, libraries, gpus, mig, nvml, warnings)
+    found = _fabric(proc, dev, driver, majors, warnings)
     for warning in warnings:
         logger.warning("discovery: %s", warning)
-    return Inventory(version, cuda, gpus, controls, nvidia_major, libraries, files, tuple(warnings), mig)
+    return Inventory(version, cuda, gpus, controls, nvidia_major, libraries, files, tuple(warnings), mig, found)
 
 
 def _majors(proc: Root, warnings: list[str]) -> dict[str, int]:
@@ -237,6 +259,83 @@ def _cap(proc: Root, path: str, warnings: list[str]) -> MigCap | None:
             warnings.append(f"MIG capability skipped: {exc}")
         return None
     return MigCap("/proc" + path, parsed.minor, parsed.mode)
+
+
+def _fabric_candidates(dev: Root, warnings: list[str]) -> list[tuple[str, DeviceKind]]:
+    """The fabric node paths under the dev root and their kinds, at most
+    ``FABRIC_LIMIT`` of each kind (by name). Raises DiscoveryError for a folder that
+    cannot be listed."""
+
+    def kind_in_dev(name: str) -> DeviceKind | None:
+        if name.startswith("nvidia-fs"):
+            return DeviceKind.NVIDIA_FS
+        if name.startswith("nvidia-nvswitch"):  # nvidia-nvswitchctl and nvidia-nvswitch<n>
+            return DeviceKind.NVSWITCH
+        return DeviceKind.GDRDRV if name == "gdrdrv" else None
+
+    def kind_in_infiniband(name: str) -> DeviceKind | None:
+        return DeviceKind.INFINIBAND if name.startswith("uverbs") or name == "rdma_cm" else None
+
+    found: list[tuple[str, DeviceKind]] = []
+    counts: dict[DeviceKind, int] = {}
+    for folder, kind_of in (("/dev", kind_in_dev), ("/dev/infiniband", kind_in_infiniband)):
+        for name in sorted(dev.listdir(folder), key=_natural):
+            kind = kind_of(name)
+            if kind is None or not name.isprintable():
+                continue
+            counts[kind] = counts.get(kind, 0) + 1
+            if counts[kind] == FABRIC_LIMIT + 1:
+                warnings.append(f"more than {FABRIC_LIMIT} {kind.value} nodes under {dev.path}; the rest are left out")
+            if counts[kind] <= FABRIC_LIMIT:
+                found.append((f"{folder}/{name}", kind))
+    return found
+
+
+def _natural(name: str) -> tuple[str, int]:
+    """``nvidia-fs2`` before ``nvidia-fs10``: the name without its trailing digits, then their value."""
+    stem = name.rstrip("0123456789")
+    digits = name[len(stem) :]
+    return stem, int(digits) if digits and len(digits) < 10 else -1
+
+
+def _fabric(proc: Root, dev: Root, driver: Root, majors: dict[str, int], warnings: list[str]) -> Fabric:
+    """The fabric and I/O devices: character devices only, never a link followed."""
+    nodes: list[DeviceNode] = []
+    try:
+        candidates = _fabric_candidates(dev, warnings)
+    except DiscoveryError as exc:
+        warnings.append(f"fabric devices unknown: {exc}")
+        candidates = []
+    for path, kind in candidates:
+        st = dev.lstat(path)
+        if st is None:
+            continue  # gone since the listing
+        if not stat.S_ISCHR(st.st_mode):
+            warnings.append(f"{dev.host_path(path)}: not a character device; skipped")
+            continue
+        rdev = st.st_rdev
+        nodes.append(DeviceNode(path, os.major(rdev), os.minor(rdev), "c", stat.S_IMODE(st.st_mode) & 0o777, kind))
+    gds: list[tuple[str, str]] = []
+    if any(n.kind is DeviceKind.NVIDIA_FS for n in nodes):
+        for path, folder in GDS_FILES:
+            real = driver.resolve(path)
+            if driver.is_dir(real) if folder else driver.is_file(real):
+                gds.append((path, real))
+    imex_major = majors.get(fabric.IMEX_MAJOR_NAME)
+    count = _imex_channel_count(proc, warnings) if imex_major is not None else None
+    return Fabric(imex_major, count, tuple(nodes), tuple(gds))
+
+
+def _imex_channel_count(proc: Root, warnings: list[str]) -> int | None:
+    try:
+        params = procfs.parse_params(proc.read_text("/driver/nvidia/params", limit=1 << 16))
+    except DiscoveryError as exc:
+        warnings.append(f"IMEX channel count unknown: {exc}")
+        return None
+    count = procfs.imex_channel_count(params, fabric.DEFAULT_IMEX_CHANNEL_COUNT)
+    if count is None:
+        warnings.append(f"IMEX channel count unknown: ImexChannelCount is {params[procfs.IMEX_CHANNEL_COUNT]!r}")
+    return count
 
 
 def _control_devices(

@@ -213,6 +213,28 @@ def parse_params(text: str) -> dict[str, str]:
     return params
 
 
+IMEX_CHANNEL_COUNT = "ImexChannelCount"
+_MAX_IMEX_CHANNELS = 1 << 20  # the minors of a char device are 20 bits
+
+
+def imex_channel_count(params: Mapping[str, str], default: int) -> int | None:
+    """``ImexChannelCount`` of the params (``NVreg_ImexChannelCount``): channels
+    ``0..count-1`` exist. ``default`` when the driver does not print it; None when
+    it is not a decimal number up to 2^20.
+
+    >>> imex_channel_count({"ImexChannelCount": "2048"}, 2048), imex_channel_count({}, 2048)
+    (2048, 2048)
+    >>> imex_channel_count({"ImexChannelCount": "-1"}, 2048) is None
+    True
+    """
+    value = params.get(IMEX_CHANNEL_COUNT)
+    if value is None:
+        return default
+    if not _DIGITS.fullmatch(value) or int(value) > _MAX_IMEX_CHANNELS:
+        return None
+    return int(value)
+
+
 def _kernel_lines(text: str, *, keepends: bool = False) -> list[str]:
     """Lines as the kernel ends them, at "\\n" only. ``str.splitlines`` also breaks at
     U+2028, form feeds and the like, which would cut a key from its value

@@ -39,7 +39,11 @@ and the engine cannot tell it from a host with a loaded driver and no GPU work r
   550.163.01-2, and a ``version``/``information`` pair read from a real 550.163.01 host).
 * **Device nodes** (under ``dev_root/dev``): ``nvidiactl`` 195:255, ``nvidia<minor>``
   195:<minor>, ``nvidia-modeset`` 195:254, ``nvidia-uvm`` UVM:0, ``nvidia-uvm-tools`` UVM:1,
-  ``nvidia-caps/nvidia-cap{1,2}`` (MIG config/monitor). They are real character devices
+  ``nvidia-caps/nvidia-cap{1,2}`` (MIG config/monitor). With ``fabric=True`` also the
+  fabric and I/O nodes (``FABRIC_NODES``: nvidia-fs, infiniband uverbs and rdma_cm,
+  gdrdrv, nvswitch; no IMEX channel node, as the driver makes none by default), the
+  majors their drivers register in ``/proc/devices``, and GDS's ``etc/cufile.json``
+  and ``run/udev/data/`` under the driver root. They are real character devices
   (``os.mknod``) when running as root, else EMPTY REGULAR FILES with the same names: a
   test that needs ``S_ISCHR`` must check ``SimNode.real_device_nodes``.
 
@@ -103,10 +107,15 @@ from .nvmlsim import SimNvmlGpu, SimNvmlMig
 __all__ = [
     "CAPS_MAJOR",
     "DRIVER_VERSION",
+    "FABRIC_NODES",
+    "FS_MAJOR",
+    "GDRDRV_MAJOR",
     "IMEX_MAJOR",
     "MAX_GPUS",
     "NVIDIA_MAJOR",
+    "NVSWITCH_MAJOR",
     "PACKAGES",
+    "UVERBS_MAJOR",
     "UVM_MAJOR",
     "MigSpec",
     "SimGpu",
@@ -203,6 +212,27 @@ NVIDIA_MAJOR = 195
 UVM_MAJOR = 511
 CAPS_MAJOR = 236
 IMEX_MAJOR = 235
+NVSWITCH_MAJOR = 237
+# With fabric=True. nvidia-fs and gdrdrv take dynamic majors (here in the extended
+# range, beside nvidia-uvm); ib_uverbs has the fixed 231 with minors from 192; rdma_cm
+# is a misc device (10) with a dynamic misc minor.
+FS_MAJOR = 509
+GDRDRV_MAJOR = 508
+UVERBS_MAJOR = 231
+RDMA_CM_MINOR = 58
+# (path under dev/, major, minor, mode, kind) of the fabric nodes; kind as DeviceKind's value.
+FABRIC_NODES = (
+    *((f"nvidia-fs{n}", FS_MAJOR, n, 0o666, "nvidia-fs") for n in range(16)),
+    ("infiniband/rdma_cm", 10, RDMA_CM_MINOR, 0o666, "infiniband"),
+    ("infiniband/uverbs0", UVERBS_MAJOR, 192, 0o666, "infiniband"),
+    ("infiniband/uverbs1", UVERBS_MAJOR, 193, 0o666, "infiniband"),
+    ("gdrdrv", GDRDRV_MAJOR, 0, 0o666, "gdrdrv"),
+    ("nvidia-nvswitch0", NVSWITCH_MAJOR, 0, 0o666, "nvswitch"),
+    ("nvidia-nvswitch1", NVSWITCH_MAJOR, 1, 0o666, "nvswitch"),
+    ("nvidia-nvswitchctl", NVSWITCH_MAJOR, 255, 0o666, "nvswitch"),
+)
+_FABRIC_CHAR_DEVICES = ((UVERBS_MAJOR, "infiniband_verbs"), (GDRDRV_MAJOR, "gdrdrv"), (FS_MAJOR, "nvidia-fs"))
+CUFILE_JSON = '{\n  "logging": {"dir": "/var/log", "level": "ERROR"}\n}\n'
 
 # DGX A100 bus ids for up to 8 GPUs; a 16-GPU layout beyond that. Both ascending.
 _BUS_IDS_8 = (
@@ -249,6 +279,7 @@ class SimNode:
     # GPU instance ids whose /dev/nvidia-caps nodes (its own and its CIs') are not made
     # on the host, as when nvidia-modprobe has not run since they were created.
     without_cap_nodes: tuple[int, ...] = ()
+    fabric: bool = False  # the fabric and I/O nodes (FABRIC_NODES) and GDS's files
 
     def mig_devices(self) -> dict[int, tuple[SimNvmlMig, ...]]:
         """What the simulated NVML lists: GPU index -> its MIG devices by raw index j."""
@@ -676,7 +707,7 @@ _CHAR_DEVICES = (
 _NVIDIA_CHAR_DEVICES = (
     (NVIDIA_MAJOR, "nvidia"), (NVIDIA_MAJOR, "nvidia-modeset"), (NVIDIA_MAJOR, "nvidiactl"),
     (IMEX_MAJOR, "nvidia-caps-imex-channels"), (CAPS_MAJOR, "nvidia-caps"),
-    (237, "nvidia-nvswitch"), (238, "nvidia-nvlink"), (UVM_MAJOR, "nvidia-uvm"),
+    (NVSWITCH_MAJOR, "nvidia-nvswitch"), (238, "nvidia-nvlink"), (UVM_MAJOR, "nvidia-uvm"),
 )
 _BLOCK_DEVICES = (
     (7, "loop"), (8, "sd"), (9, "md"), (11, "sr"), (65, "sd"), (66, "sd"), (67, "sd"), (68, "sd"),
@@ -686,8 +717,9 @@ _BLOCK_DEVICES = (
 )
 
 
-def _devices_file(driver: bool) -> str:
+def _devices_file(driver: bool, fabric: bool = False) -> str:
     chars = list(_CHAR_DEVICES) + (list(_NVIDIA_CHAR_DEVICES) if driver else [])
+    chars += list(_FABRIC_CHAR_DEVICES) if fabric else []
     # The kernel lists by major; entries of one major keep registration (minor) order.
     chars.sort(key=lambda e: e[0])
     out = ["Character devices:\n"] + [f"{m:3d} {n}\n" for m, n in chars]
@@ -721,8 +753,8 @@ def _write(path: Path, text: str, mode: int = 0o444) -> None:
     os.chmod(path, mode if os.geteuid() == 0 else mode | 0o200)
 
 
-def _write_procfs(proc: Path, gpus: Sequence[SimGpu], driver: bool) -> None:
-    _write(proc / "devices", _devices_file(driver))
+def _write_procfs(proc: Path, gpus: Sequence[SimGpu], driver: bool, fabric: bool = False) -> None:
+    _write(proc / "devices", _devices_file(driver, fabric))
     if not driver:
         return
     nv = proc / "driver/nvidia"
@@ -787,6 +819,18 @@ def _make_node(path: Path, major: int, minor: int, mode: int, use_mknod: bool, *
     path.touch()
     os.chmod(path, mode)
     return False
+
+
+def _write_fabric(node: SimNode) -> None:
+    """The fabric nodes under dev/ and GDS's files under the driver root."""
+    dev = node.dev_root / "dev"
+    use_mknod = node.real_device_nodes
+    for rel, major, minor, mode, _kind in FABRIC_NODES:
+        (dev / rel).parent.mkdir(parents=True, exist_ok=True)
+        use_mknod = _make_node(dev / rel, major, minor, mode, use_mknod, insist=False)
+    _write(node.driver_root / "etc/cufile.json", CUFILE_JSON, 0o644)
+    # udev's database entry of uverbs0 (c<major>:<minor>), as udevd writes it.
+    _write(node.driver_root / f"run/udev/data/c{UVERBS_MAJOR}:192", "I:1\nE:ID_PATH=pci-0000:0c:00.0\n", 0o644)
 
 
 # --------------------------------------------------------------------------- MIG
@@ -959,6 +1003,7 @@ def build_node(
     mig: MigSpec | None = None,
     nvml: str = "sim",
     without_cap_nodes: Sequence[int] = (),
+    fabric: bool = False,
 ) -> SimNode:
     """Build a simulated GPU node in ``root`` (created if missing) and describe it.
 
@@ -978,7 +1023,9 @@ def build_node(
     ``libnvidia-ml`` listing those MIG devices (``SimNode.mig_devices``), "real" = keep
     NVIDIA's (which fails: Driver Not Loaded). ``without_cap_nodes``: GPU instance ids
     whose ``/dev/nvidia-caps`` nodes are not made on the host (the kernel makes none;
-    nvidia-modprobe may not have run): nri-gpu must not need them.
+    nvidia-modprobe may not have run): nri-gpu must not need them. ``fabric``: also
+    the fabric and I/O device nodes (``FABRIC_NODES``), their majors in
+    ``/proc/devices`` and GDS's ``etc/cufile.json`` and ``run/udev/data/``.
     """
     if nvml not in ("sim", "real"):
         raise ValueError(f"nvml must be 'sim' or 'real', not {nvml!r}")
@@ -989,14 +1036,16 @@ def build_node(
     driver_root = root / driver_subdir if driver_subdir else root
     _install_tree(driver_tree() if driver else no_driver_tree(), driver_root)
     proc = root / "proc"
-    _write_procfs(proc, sim_gpus, driver)
+    _write_procfs(proc, sim_gpus, driver, fabric and driver)
     real = _write_dev(root / "dev", sim_gpus, driver, real_device_nodes)
     node = SimNode(
         root=root, driver_root=driver_root, dev_root=root, proc_root=proc,
         driver_version=DRIVER_VERSION if driver else None, gpus=sim_gpus, real_device_nodes=real,
         mig=mig_layout, nvml=nvml if mig_layout is not None else None,
-        without_cap_nodes=tuple(without_cap_nodes),
+        without_cap_nodes=tuple(without_cap_nodes), fabric=fabric and driver,
     )
+    if node.fabric:
+        _write_fabric(node)
     if mig_layout is not None:
         _write_mig(node)
         if nvml == "sim":
@@ -1054,6 +1103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nvml", choices=("sim", "real"), default="sim",
                         help="with --mig: 'sim' (default) replaces the 64-bit libnvidia-ml by a simulated one "
                              "that lists the MIG devices; 'real' keeps NVIDIA's (Driver Not Loaded)")
+    parser.add_argument("--fabric", action="store_true",
+                        help="add fabric and I/O devices: nvidia-fs, infiniband, gdrdrv, nvswitch (and GDS's files)")
     parser.add_argument("--force", action="store_true",
                         help="replace a node this tool built before (a ROOT holding anything else is never deleted)")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -1076,7 +1127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         mig = _parse_mig_args(args.mig) if args.mig else None
         node = build_node(root, gpus=args.gpus, driver=not args.no_driver, driver_subdir=args.driver_root_subdir,
-                          in_bus_order=args.in_bus_order, excluded=args.exclude, mig=mig, nvml=args.nvml)
+                          in_bus_order=args.in_bus_order, excluded=args.exclude, mig=mig, nvml=args.nvml,
+                          fabric=args.fabric)
     except (ValueError, debs.DebError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -143,7 +143,7 @@ def test_inventory_is_taken_again_when_the_driver_changes(tmp_path: Path) -> Non
 
 
 def test_fingerprint_of_a_node_without_driver(tmp_path: Path) -> None:
-    assert fingerprint(EngineConfig(proc_root=str(tmp_path))) == ("", (), ())
+    assert fingerprint(EngineConfig(proc_root=str(tmp_path), dev_root=str(tmp_path))) == ("", (), (), ())
 
 
 # -- IPC endpoints: planted by whoever can write /tmp or /run on the node --------------
