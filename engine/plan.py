@@ -12,6 +12,11 @@ projection of the inventory through the requested capabilities:
   from the access files: the kernel's own numbers, never computed), and the
   ``monitor`` / ``config`` capabilities when granted (config with every instance
   of the selected GPUs: it must reach them all);
+* fabric and I/O devices, with GPUs only (``engine.fabric``): the IMEX channels
+  asked for, each ``/dev/nvidia-caps-imex-channels/channel<n>`` (major from
+  ``/proc/devices``, minor the channel, below ``ImexChannelCount``), and every
+  node of each feature turned on (GDS also binds ``/etc/cufile.json`` and
+  ``/run/udev/data``); a channel or feature the node cannot serve is refused;
 * mounts: every driver library, binary and IPC endpoint the capabilities need,
   plus the GSP firmware, bound read-only ``nosuid,nodev`` (IPC endpoints
   also ``noexec``, and a plain bind) at the same path in the container as on
@@ -37,7 +42,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterable
 
-from engine import catalogue, requirements
+from engine import catalogue, fabric, requirements
 from engine.config import EngineConfig
 from engine.errors import RequestError
 from engine.model import (
@@ -90,6 +95,7 @@ def plan(
     # The GPUs whose device node, procfs folder and requirements count: whole ones and MIG parents.
     physical = tuple(dict.fromkeys((*gpus, *(m.parent for m in migs))))
     cap_nodes, proc_caps = _mig_caps(request, inventory, physical, migs)
+    fabric_plan = fabric.plan_fabric(request.fabric, inventory.fabric, with_gpus=bool(gpus or migs))
     notes: list[str] = list(selected.notes)
     if request.requirements and config.policy.require_checks:
         facts = requirements.NodeFacts(cuda=inventory.cuda_version, driver=inventory.driver_version)
@@ -100,11 +106,12 @@ def plan(
     if ipc is not None:
         known = tuple(f for f in known if f.kind is not FileKind.IPC) + ipc
     files = tuple(f for f in known if not f.capabilities or f.capabilities & caps)
+    notes.extend(fabric_plan.notes)
     return Plan(
         gpus=gpus,
         capabilities=caps,
-        devices=_devices(physical, inventory, caps) + cap_nodes,
-        mounts=_mounts(libraries, files, config),
+        devices=_devices(physical, inventory, caps) + cap_nodes + fabric_plan.devices,
+        mounts=_mounts(libraries, files, config, fabric_plan.mounts),
         env=(
             ("NVIDIA_VISIBLE_DEVICES", ",".join((*(g.uuid for g in gpus), *(m.name for m in migs))) or "none"),
             ("NVIDIA_DRIVER_CAPABILITIES", ",".join(sorted(c.value for c in caps))),
@@ -118,6 +125,8 @@ def plan(
         ld_cache_entries=_ld_cache_entries(libraries),
         ipc=tuple(sorted(f.path for f in files if f.kind is FileKind.IPC)),
         notes=tuple(notes),
+        imex_channels=fabric_plan.imex_channels,
+        features=fabric_plan.features,
     )
 
 
@@ -211,13 +220,22 @@ def ipc_in_mounts(mounts: Iterable[tuple[object, object]], config: EngineConfig)
     return tuple(sorted(found))
 
 
-def _mounts(libraries: tuple[Library, ...], files: tuple[DriverFile, ...], config: EngineConfig) -> tuple[Mount, ...]:
+def _mounts(
+    libraries: tuple[Library, ...],
+    files: tuple[DriverFile, ...],
+    config: EngineConfig,
+    others: tuple[tuple[str, str], ...] = (),
+) -> tuple[Mount, ...]:
+    """``others``: more (destination, source node path) read-only binds (GDS's files)."""
+
     def host(node_path: str) -> str:
         return host_source(node_path, config)
 
     mounts = {lib.path: Mount(host(lib.path), lib.path, RO_OPTIONS) for lib in libraries}
     for f in files:
         mounts.setdefault(f.path, Mount(host(f.source), f.path, IPC_OPTIONS if f.kind is FileKind.IPC else RO_OPTIONS))
+    for destination, source in others:
+        mounts.setdefault(destination, Mount(host(source), destination, RO_OPTIONS))
     # Parents before children, then by name: a stable order the runtime applies as is.
     return tuple(sorted(mounts.values(), key=lambda m: (m.destination.count("/"), m.destination)))
 

@@ -11,6 +11,7 @@ from typing import Any
 from engine.model import (
     Capability,
     DeviceNode,
+    Fabric,
     Gpu,
     Inventory,
     MigCap,
@@ -139,9 +140,31 @@ def _mig_lines(inventory: Inventory) -> list[str]:
     return lines
 
 
+def fabric_to_dict(fabric: Fabric) -> dict[str, Any]:
+    """The fabric and I/O devices: the IMEX major and channel count, the nodes found
+    (with their kind), GDS's files (path, source node path)."""
+    return {
+        "imex_major": fabric.imex_major,
+        "imex_channel_count": fabric.imex_channel_count,
+        "nodes": [{**_device(d), "kind": d.kind.value} for d in fabric.nodes],
+        "gds_files": [{"path": path, "source": source} for path, source in fabric.gds_files],
+    }
+
+
+def _fabric_lines(fabric: Fabric) -> list[str]:
+    lines = []
+    if fabric.imex_major is not None:
+        count = fabric.imex_channel_count
+        lines.append(f"IMEX channels: major {fabric.imex_major}, {'count unknown' if count is None else count}")
+    if fabric.nodes:
+        lines.append("Fabric devices: " + ", ".join(f"{d.path} ({d.kind.value})" for d in fabric.nodes))
+    return lines
+
+
 def inventory_to_dict(inventory: Inventory) -> dict[str, Any]:
     """The inventory as data. ``mig`` is there only when some GPU has MIG instances,
-    so the form for every other node stays as it was."""
+    and ``fabric`` only when the node has fabric or I/O device nodes, so the form for
+    every other node stays as it was."""
     out = {
         "driver_version": inventory.driver_version,
         "cuda_version": inventory.cuda_version,
@@ -170,6 +193,8 @@ def inventory_to_dict(inventory: Inventory) -> dict[str, Any]:
     }
     if inventory.mig.gpu_instances:
         out["mig"] = mig_to_dict(inventory.mig)
+    if inventory.fabric.nodes:
+        out["fabric"] = fabric_to_dict(inventory.fabric)
     return out
 
 
@@ -190,6 +215,7 @@ def inventory_text(inventory: Inventory) -> str:
     others = {kind: sum(1 for f in inventory.files if f.kind.value == kind) for kind in ("binary", "firmware", "ipc")}
     lines.append("Other files: " + ", ".join(f"{k} {v}" for k, v in others.items()))
     lines.append("Control devices: " + (", ".join(d.path for d in inventory.control_devices) or "none"))
+    lines += _fabric_lines(inventory.fabric)
     if inventory.mig.gpu_instances:
         lines += _mig_lines(inventory)
     lines += [f"warning: {w}" for w in inventory.warnings]
@@ -209,8 +235,9 @@ def _mig_device(m: MigDevice) -> dict[str, Any]:
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
-    """The plan as data; ``mig_devices`` and the start's ``proc_caps``/``proc_caps_all``
-    are there only when the plan has them, so plans without MIG read as before."""
+    """The plan as data; ``mig_devices``, ``imex_channels``, ``features`` and the
+    start's ``proc_caps``/``proc_caps_all`` are there only when the plan has them, so
+    plans without MIG or fabric devices read as before."""
     out: dict[str, Any] = {
         "gpus": [{"index": g.index, "minor": g.minor, "bus_id": g.bus_id, "uuid": g.uuid} for g in plan.gpus],
         "capabilities": sorted(c.value for c in plan.capabilities),
@@ -234,6 +261,10 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         out["start"]["proc_caps"] = list(plan.proc_caps)
     if plan.proc_caps_all:
         out["start"]["proc_caps_all"] = True
+    if plan.imex_channels:
+        out["imex_channels"] = list(plan.imex_channels)
+    if plan.features:
+        out["features"] = [f.value for f in plan.features]
     return out
 
 
@@ -245,6 +276,10 @@ def plan_text(plan: Plan) -> str:
         caps = f"caps {m.gpu_instance.access.minor},{m.compute_instance.access.minor}"
         where = f"GPU {m.parent.index} (minor {m.parent.minor}) gi{m.gpu_instance.gi} ci{m.compute_instance.ci}"
         lines.append(f"MIG device: {m.name}  {where}{f'  {m.index}' if m.index else ''}  {caps}")
+    if plan.imex_channels:
+        lines.append(f"IMEX channels: {','.join(map(str, plan.imex_channels))}")
+    if plan.features:
+        lines.append(f"Features: {', '.join(f'{f.env}=enabled' for f in plan.features)}")
     lines += [f"Capabilities: {', '.join(sorted(c.value for c in plan.capabilities))}", "Devices:"]
     lines += [f"  {d.path}  {d.type} {d.major}:{d.minor}  {d.mode:04o}" for d in plan.devices]
     lines.append(f"Mounts ({len(plan.mounts)}):")
