@@ -71,6 +71,12 @@ class Policy:
     ``equipped_containers``: what becomes of a container that CDI already gave
     GPUs (``engine.equipped``): ``"stand-aside"`` (nothing added) or
     ``"complete"`` (only the procfs view and the ld.so.cache entries).
+
+    ``cuda_compat``: CUDA forward compatibility, as the toolkit's default: an
+    image whose ``/usr/local/cuda/compat`` holds one ``libcuda.so.<version>``
+    newer than the host driver (``engine.cudacompat``) gets those libraries
+    before the driver's. Security: the folder is image data, read by
+    descriptor in the container's root, bounded; off leaves it unread.
     """
 
     accept_env_unprivileged: bool = True
@@ -84,6 +90,7 @@ class Policy:
     mig_config_namespaces: tuple[str, ...] | None = ()
     refuse_mig_mode_gpus: bool = False
     equipped_containers: str = "stand-aside"
+    cuda_compat: bool = True
 
     def __post_init__(self) -> None:
         if self.equipped_containers not in EQUIPPED_MODES:
@@ -183,6 +190,7 @@ _BOOL_POLICY = (
     "require_checks",
     "legacy_image_all_gpus",
     "refuse_mig_mode_gpus",
+    "cuda_compat",
 )
 _NAMESPACE_POLICY = ("namespaces", "annotation_namespaces", "mig_monitor_namespaces", "mig_config_namespaces")
 # A Kubernetes namespace name: an RFC 1123 label (a typo such as "ML" would never match).

@@ -193,6 +193,8 @@ def run_hook(
         config.ld_cache,
         driver_root=config.driver_root,
         ipc=ipc_mounts(bundle_config, config),
+        cuda_compat=config.policy.cuda_compat,
+        driver_version=node.driver_version or "",
     )
     try:
         return actions.perform_in_bundle(root, work, ldconfig_path=config.ldconfig, deadline=deadline)

@@ -213,6 +213,17 @@ OPTIONS: tuple[Option, ...] = (
         "driver libraries it mounts. Either way a request of ours for other GPUs than it\n"
         "has is refused, naming both.",
     ),
+    Option(
+        "policy",
+        "cuda_compat",
+        "true",
+        "CUDA forward compatibility, as the toolkit's default: when an image's\n"
+        "/usr/local/cuda/compat holds one libcuda.so.<version> newer than the host driver\n"
+        "(and its fwd-compatibility note, if any, lists the driver's branch), its libraries\n"
+        "go before the driver's in the container's ld.so.conf.d and ld.so.cache; otherwise\n"
+        "the log says why not. Security: the folder is image data, read in the container's\n"
+        "root by descriptor, bounded; false leaves it unread.",
+    ),
 )
 
 TABLES = ("plugin", "engine", "policy")

@@ -233,8 +233,12 @@ class GpuPlugin:
             self._metrics.step(step, seconds)
         return seconds * 1000
 
-    def _on_start_report(self, who: str, timings_ms: dict[str, float], into: dict[str, float]) -> None:
+    def _on_start_report(
+        self, who: str, timings_ms: dict[str, float], into: dict[str, float], cuda_compat: str = ""
+    ) -> None:
         logger.debug("%s: start steps (ms) %s", who, timings_ms)
+        if cuda_compat:
+            logger.info("%s: CUDA forward compatibility: %s", who, cuda_compat)
         into.update(timings_ms)
         if self._metrics is not None:
             self._metrics.start_timings(timings_ms)
@@ -274,12 +278,14 @@ class GpuPlugin:
                     container.linux.cgroups_path,
                     driver_root=self._config.driver_root,
                     ipc=ipc,
+                    cuda_compat=self._config.policy.cuda_compat,
+                    driver_version=self._inventory.current().driver_version or "",
                 ),
                 ldconfig=self._config.ldconfig,
                 # What the runtime still gives this request: the worker is killed in
                 # time for the refusal to reach it (budget.REPLY_MARGIN).
                 timeout=budget.left(),
-                on_report=lambda report: self._on_start_report(who, report.timings_ms, steps),
+                on_report=lambda report: self._on_start_report(who, report.timings_ms, steps, report.cuda_compat),
             )
         except EngineError as exc:
             # The stub already names the container and pod; keep the step and cause.

@@ -116,3 +116,12 @@ def test_a_note_listing_a_huge_driver_array_is_refused() -> None:
 )
 def test_library_key_is_ldconfigs(name: str, soname: str | None, is_link: bool, key: str) -> None:
     assert library_key(name, soname, is_link=is_link) == key
+
+
+def test_the_policy_switch_is_on_by_default_and_turns_off() -> None:
+    from engine.config import EngineConfigError, Policy, policy_from_mapping
+
+    assert Policy().cuda_compat is True
+    assert policy_from_mapping({"cuda_compat": False}).cuda_compat is False
+    with pytest.raises(EngineConfigError, match="policy.cuda_compat"):
+        policy_from_mapping({"cuda_compat": "no"})
