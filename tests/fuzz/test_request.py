@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 
 from engine.config import Policy
 from engine.errors import RequestError, RequirementError
-from engine.model import Capability, Gpu
+from engine.fabric import FEATURE_KINDS, MAX_IMEX_CHANNEL, plan_fabric
+from engine.model import Capability, DeviceNode, Fabric, Feature, Gpu
 from engine.request import (
     CONTAINER_ANNOTATION_PREFIX,
     MAX_DEVICES,
@@ -47,6 +48,7 @@ ENTRIES = st.one_of(
     st.sampled_from(["0", "1", "007", "1023", "1024", "all", "none", "void", "ALL", "MIG-1", "0:1", "cdi/x", "a=b"]),
     st.sampled_from(["GPU-8e9f1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b", "gpu-8E9F1A2B-3C4D-5E6F-7A8B-9C0D1E2F3A4B", "GPU-1"]),
     st.sampled_from(["0000:07:00.0", "07:00.0", "00010000:b1:1f.7", "0000:07:20.0", "imex/channel0", ""]),
+    st.sampled_from(["imex/5", "imex/0", "imex/1048576", "imex/", "imex/x", "imex/2048", "imex/ 7"]),
     st.sampled_from(["MIG-8e9f1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b", "MIG-GPU-8e9f1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b/2/0"]),
     st.tuples(st.integers(0, 20), st.integers(0, 9)).map(
         lambda r: f"MIG-GPU-8e9f1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b/{r[0]}/{r[1]}"
@@ -57,6 +59,13 @@ ENTRIES = st.one_of(
 )
 LISTS = st.lists(ENTRIES, max_size=6).map(lambda e: ",".join(e))
 DEVICE_LISTS = st.one_of(LISTS, mutated_text(LISTS), st.text(max_size=40))
+CHANNEL_LISTS = st.lists(
+    st.one_of(
+        st.sampled_from(["0", "5", "2047", "2048", "1048575", "1048576", "all", "none", "void", "", "0-3", "x"]),
+        st.integers(0, 1 << 21).map(str),
+    ),
+    max_size=5,
+).map(",".join)
 CAPABILITIES = st.lists(
     st.one_of(st.sampled_from([c.value for c in Capability]), st.sampled_from(["all", "ALL", " compute ", "", "gpu"])),
     max_size=4,
@@ -76,6 +85,11 @@ ENV_VALUES = {
         st.sampled_from(["all", "", " all ", "none"]), mutated_text(st.just("all"))
     ),
     "NVIDIA_MIG_CONFIG_DEVICES": st.one_of(st.sampled_from(["all", "", "0"]), mutated_text(st.just("all"))),
+    "NVIDIA_IMEX_CHANNELS": st.one_of(CHANNEL_LISTS, mutated_text(CHANNEL_LISTS)),
+    **{
+        f.env: st.one_of(st.sampled_from(["enabled", "", "true", "ENABLED"]), mutated_text(st.just("enabled")))
+        for f in Feature
+    },
 }
 # Up to 4 MB (what one NRI message can carry) and 180k entries, built by repetition (cheap to draw).
 PIECES = [
@@ -154,6 +168,13 @@ INFOS = st.builds(
 CASE_SECONDS = 0.25  # a refused bomb and a real request alike; the runtime's deadline is 2 s
 EIGHT = [Gpu(index=i, minor=i, bus_id=f"0000:0{i}:00.0", uuid=f"GPU-{i}", model="A100", arch="8.0") for i in range(8)]
 NODE = NodeFacts(cuda="12.4", driver="550.163.01")
+# A node with every fabric kind and the driver's default 2048 IMEX channels.
+FABRIC = Fabric(
+    235,
+    2048,
+    tuple(DeviceNode(f"/dev/{k.value}0", 240 + i, 0, kind=k) for i, k in enumerate(FEATURE_KINDS.values())),
+    (("/etc/cufile.json", "/etc/cufile.json"),),
+)
 
 
 def short_line(message: str) -> None:
@@ -165,6 +186,11 @@ def bounded(call: Any, *args: Any) -> RequestOutcome | RequestError:
     began = time.perf_counter()
     got = typed(RequestError, call, *args)
     if isinstance(got, RequestOutcome) and got.request is not None:
+        planned = typed(RequestError, plan_fabric, got.request.fabric, FABRIC, with_gpus=True)
+        if isinstance(planned, RequestError):
+            short_line(str(planned))
+        else:
+            assert len(planned.devices) <= len(got.request.fabric.imex_channels) + len(FABRIC.nodes)
         checked = typed(RequirementError, check, got.request.requirements, NODE, EIGHT)
         if isinstance(checked, RequirementError):
             short_line(str(checked))
@@ -193,6 +219,10 @@ def check_outcome(outcome: RequestOutcome | RequestError, policy: Policy) -> Non
     assert len(set(request.ids)) == len(request.ids), "a device named twice"
     assert all(0 <= d.index < MAX_DEVICES for d in request.ids if isinstance(d, ByIndex))
     assert request.capabilities <= policy.capabilities
+    channels = request.fabric.imex_channels
+    assert len(set(channels)) == len(channels) <= 256, "a channel named twice, or too many"
+    assert all(0 <= c <= MAX_IMEX_CHANNEL for c in channels)
+    assert bool(channels) == bool(request.fabric.imex_source)
 
 
 @fuzz(200)

@@ -366,3 +366,34 @@ def test_some_instances_can_lack_their_host_cap_nodes(tmp_path: Path) -> None:
     assert (sim.proc_root / "driver/nvidia/capabilities/gpu1/mig/gi5/ci0/access").is_file()
     sim = gpunode.reconfigure_mig(sim, {0: [(5, [1])]})
     assert sorted(p.name for p in (sim.dev_root / "dev/nvidia-caps").iterdir()) == ["nvidia-cap1", "nvidia-cap2"]
+
+
+# --------------------------------------------------------------------------- fabric
+
+
+def test_the_default_node_has_no_fabric_devices(node: SimNode) -> None:
+    dev = node.dev_root / "dev"
+    assert not node.fabric
+    assert not any(dev.glob("nvidia-fs*")) and not (dev / "infiniband").exists() and not (dev / "gdrdrv").exists()
+    assert not (node.driver_root / "etc/cufile.json").exists()
+    devices = (node.proc_root / "devices").read_text()
+    assert "nvidia-fs" not in devices and "gdrdrv" not in devices and "infiniband" not in devices
+
+
+def test_a_fabric_node_has_the_nodes_and_majors_real_drivers_register(tmp_path: Path) -> None:
+    built = build_node(tmp_path / "n", gpus=1, fabric=True)
+    if not built.real_device_nodes:
+        pytest.skip("needs real character devices (root)")
+    dev = built.dev_root / "dev"
+    for rel, major, minor, mode, _kind in gpunode.FABRIC_NODES:
+        st = os.lstat(dev / rel)
+        assert stat.S_ISCHR(st.st_mode) and stat.S_IMODE(st.st_mode) == mode, rel
+        assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (major, minor), rel
+    chars = (built.proc_root / "devices").read_text().split("\n\n")[0]
+    for major, name in ((gpunode.FS_MAJOR, "nvidia-fs"), (231, "infiniband_verbs"), (gpunode.GDRDRV_MAJOR, "gdrdrv")):
+        assert f"\n{major:3d} {name}\n" in chars
+    assert f"\n{gpunode.NVSWITCH_MAJOR:3d} nvidia-nvswitch\n" in chars and "\n 10 misc\n" in chars
+    majors = [int(line.split()[0]) for line in chars.splitlines()[1:]]
+    assert majors == sorted(majors)  # the kernel lists by major
+    assert not (dev / "nvidia-caps-imex-channels").exists()  # the driver makes no channel by default
+    assert (built.driver_root / "etc/cufile.json").is_file() and (built.driver_root / "run/udev/data").is_dir()
