@@ -43,6 +43,7 @@ __all__ = ["Compat", "check"]
 
 _FILE, _LINK, _OTHER = "file", "link", "other"
 _USED = ": the driver's libraries are used"
+LIBCUDA = "libcuda.so.1"
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,15 @@ def _with_file(root: RootDir, name: str, use: Callable[[elf.Read], object]) -> o
 
 
 def _note(root: RootDir, name: str) -> Note | None:
+    """The candidate's note, once it is known to be a 64-bit ``libcuda.so.1`` (the
+    toolkit takes any file of that name: one that is no CUDA driver library, an
+    image's mislabelled file, has nothing to be compatible with)."""
+
     def read_note(read: elf.Read) -> Note | None:
+        lib = elf.shared_library(read)
+        if lib is None or lib.soname != LIBCUDA:
+            what = "no 64-bit shared library" if lib is None else f"its soname is {str(lib.soname)[:100]!r}"
+            raise _Skip(f"{COMPAT_DIR}/{name} is not a {LIBCUDA} ({what}){_USED}")
         found = elf.note_section(read, NOTE_SECTION)
         if found is None:
             return None

@@ -15,9 +15,9 @@ import os
 import shutil
 from pathlib import Path
 
-from . import debs
+from . import debs, images
 
-__all__ = ["COMPAT_VERSION", "install_compat", "libcuda"]
+__all__ = ["COMPAT_VERSION", "IMAGE", "build_probe", "compat_image", "install_compat", "libcuda"]
 
 COMPAT_VERSION = "555.58.02"
 _SUITE = "experimental"
@@ -44,3 +44,57 @@ def install_compat(rootfs: Path, *, cuda: str = "cuda-12.5") -> Path:
     os.symlink("libcuda.so.1", folder / "libcuda.so")
     os.symlink(cuda, rootfs / "usr/local/cuda")
     return folder
+
+
+IMAGE = "localhost/nri-gpu/cuda-compat:1"
+_PROBE = r"""
+#include <stdio.h>
+#include <string.h>
+int main(void) {
+    char line[1024];
+    FILE *maps = fopen("/proc/self/maps", "r");
+    while (maps && fgets(line, sizeof line, maps))
+        if (strstr(line, "libcuda")) { fputs(strrchr(line, ' ') + 1, stdout); return 0; }
+    puts("no libcuda mapped");
+    return 0;
+}
+"""
+
+
+def build_probe(gcc: str, workdir: Path) -> Path:
+    """``/probe``: linked against ``libcuda.so.1`` (a stub at build time, ``--no-as-needed``),
+    it prints the path of the libcuda file glibc's loader mapped for it."""
+    import subprocess
+
+    (workdir / "stub.c").write_text("void cuInit(void) {}\n")
+    stub = workdir / "libcuda.so"
+    subprocess.run([gcc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(stub), str(workdir / "stub.c")],
+                   check=True)  # fmt: skip
+    (workdir / "probe.c").write_text(_PROBE)
+    out = workdir / "probe"
+    subprocess.run([gcc, "-o", str(out), str(workdir / "probe.c"), f"-L{workdir}", "-Wl,--no-as-needed", "-lcuda"],
+                   check=True)  # fmt: skip
+    return out
+
+
+def compat_image(gcc: str) -> images.Image:
+    """The glibc test image plus NVIDIA's real ``libcuda.so.555.58.02`` laid out as
+    cuda-compat (``/usr/local/cuda -> cuda-12.5``) and ``/probe``; the image's own
+    cache lists its libc only (the compat folder is in no conf file, as in nvidia/cuda)."""
+    import tempfile
+
+    lib = libcuda()
+
+    def build(out: Path) -> tuple[str, str]:
+        layer = images.glibc_layer()
+        folder = "usr/local/cuda-12.5/compat"
+        layer.file(f"{folder}/libcuda.so.{COMPAT_VERSION}", lib.read_bytes(), 0o644)
+        layer.symlink(f"{folder}/libcuda.so.1", f"libcuda.so.{COMPAT_VERSION}")
+        layer.symlink(f"{folder}/libcuda.so", "libcuda.so.1")
+        layer.symlink("usr/local/cuda", "cuda-12.5")
+        with tempfile.TemporaryDirectory() as tmp:
+            layer.file("probe", build_probe(gcc, Path(tmp)).read_bytes(), 0o755)
+        config = {"Env": [images._PATH], "Cmd": ["sh"], "WorkingDir": "/"}
+        return IMAGE, images._write_layout(out, IMAGE, layer, config)
+
+    return images._cached_build("cuda_compat", [*images.glibc_key(), str(lib).encode(), _PROBE.encode()], build)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.config import EngineConfigError, Policy, policy_from_mapping
 from engine.cudacompat import Decision, candidate, decide, library_key, parse_note
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "cuda-compat.json"
@@ -119,9 +120,7 @@ def test_library_key_is_ldconfigs(name: str, soname: str | None, is_link: bool, 
 
 
 def test_the_policy_switch_is_on_by_default_and_turns_off() -> None:
-    from engine.config import EngineConfigError, Policy, policy_from_mapping
-
     assert Policy().cuda_compat is True
     assert policy_from_mapping({"cuda_compat": False}).cuda_compat is False
-    with pytest.raises(EngineConfigError, match="policy.cuda_compat"):
+    with pytest.raises(EngineConfigError, match=r"policy\.cuda_compat"):
         policy_from_mapping({"cuda_compat": "no"})

@@ -240,3 +240,17 @@ def test_a_library_linked_out_of_the_root_is_left_out_of_the_entries(
     found = compat.check(r, HOST)
     assert found.decision is not None and found.decision.use
     assert [e.name for e in found.entries] == ["libcuda.so", "libcuda.so.1", "libnvidia-nvvm.so.4"]
+
+
+def test_a_candidate_that_is_no_libcuda_is_not_used(root: tuple[RootDir, Path], libs: dict[str, Path]) -> None:
+    """An ELF library of another soname named libcuda.so.999.1 (the hostile image of
+    tests/e2e/test_hostile_images.py::test_cuda_compat_folder_linked_to_the_host,
+    whose compat link resolves to such a folder inside the image)."""
+    r, tree = root
+    shutil.copy(libs["libnvidia-nvvm.so.4"], tree / COMPAT / "libcuda.so.999.1")
+    os.symlink("libcuda.so.999.1", tree / COMPAT / "libcuda.so.1")
+    found = compat.check(r, HOST)
+    assert found.note == (
+        "/usr/local/cuda/compat/libcuda.so.999.1 is not a libcuda.so.1 (its soname is 'libnvidia-nvvm.so.4'): "
+        "the driver's libraries are used"
+    )
