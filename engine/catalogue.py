@@ -58,9 +58,25 @@ _add(
     "libnvidia-glvkspirv",
     "libnvidia-cbl",
 )
+# The GL and EGL cores need gpucomp; GBM's backend (gbm/nvidia-drm_gbm.so) is the allocator.
+_add({C.GRAPHICS, C.DISPLAY}, "libnvidia-gpucomp", "libnvidia-allocator", "libnvidia-vulkan-producer")
 _add({C.NGX}, "libnvidia-ngx")
 
 LIBRARIES: dict[str, frozenset[Capability]] = dict(_LIBRARIES)
+
+# Graphics libraries with versions of their own (egl-gbm 1.1.2, egl-wayland 1.1.18):
+# taken when the file name is ``<stem>.so.<digits>.<digits>[...]``, the toolkit's
+# ``*.so.*.*`` (a SONAME link such as ``libnvidia-egl-gbm.so.1`` is not the file).
+OWN_VERSION_LIBRARIES: dict[str, frozenset[Capability]] = {
+    stem: frozenset({C.GRAPHICS, C.DISPLAY})
+    for stem in (
+        "libnvidia-egl-gbm",
+        "libnvidia-egl-wayland",
+        "libnvidia-egl-wayland2",
+        "libnvidia-egl-xcb",
+        "libnvidia-egl-xlib",
+    )
+}
 
 # Binaries, looked up in these folders of the driver root, first match wins.
 BINARY_FOLDERS = ("/usr/bin", "/usr/sbin", "/bin", "/sbin", "/usr/local/bin", "/usr/local/sbin")
@@ -86,6 +102,53 @@ IPC_TYPES: dict[str, EntryType] = {path: expected for path, expected, _ in IPC}
 
 FIRMWARE_FOLDERS = ("/lib/firmware/nvidia", "/usr/lib/firmware/nvidia")
 
+# Graphics, display and OpenCL configuration files, looked for as the toolkit does in
+# the driver root's /etc, then $XDG_DATA_DIRS (/usr/local/share, /usr/share), first
+# match wins, and mounted at the path where they were found. OpenCL's ICD goes with
+# compute: an OpenCL application is a compute one, and the toolkit's CDI mode gives
+# it to every GPU container.
+GRAPHICS = frozenset({C.GRAPHICS, C.DISPLAY})
+CONFIG_FOLDERS = ("/etc", "/usr/local/share", "/usr/share")
+CONFIGS: tuple[tuple[str, frozenset[Capability]], ...] = (
+    ("glvnd/egl_vendor.d/10_nvidia.json", GRAPHICS),
+    ("egl/egl_external_platform.d/09_nvidia_wayland2.json", GRAPHICS),
+    ("egl/egl_external_platform.d/10_nvidia_wayland.json", GRAPHICS),
+    ("egl/egl_external_platform.d/15_nvidia_gbm.json", GRAPHICS),
+    ("egl/egl_external_platform.d/20_nvidia_xcb.json", GRAPHICS),
+    ("egl/egl_external_platform.d/20_nvidia_xlib.json", GRAPHICS),
+    ("nvidia/nvoptix.bin", GRAPHICS),
+    ("X11/xorg.conf.d/10-nvidia.conf", frozenset({C.DISPLAY})),
+    ("X11/xorg.conf.d/nvidia-drm-outputclass.conf", frozenset({C.DISPLAY})),
+    ("OpenCL/vendors/nvidia.icd", frozenset({C.COMPUTE})),
+)
+# Vulkan's ICD and layer files: looked for in the same folders and then at the driver
+# root itself (GKE puts them at <root>/vulkan), and always mounted under /etc in the
+# container, as the toolkit does: /etc comes before /usr/share in the loader's search.
+VULKAN_CONFIG_FOLDER = "/etc"
+VULKAN_CONFIGS = (
+    "vulkan/icd.d/nvidia_icd.json",
+    "vulkan/icd.d/nvidia_icd.x86_64.json",
+    "vulkan/icd.d/nvidia_layers.json",
+    "vulkan/implicit_layer.d/nvidia_layers.json",
+)
+# X.Org's driver and GLX module for display, the toolkit's list: under the driver's
+# library folder first, then X.Org's usual module folders; first match wins.
+XORG_MODULES = ("nvidia_drv.so", "libglxserver_nvidia.so.{version}")
+
+
+def xorg_folders(library_folder: str | None) -> tuple[str, ...]:
+    """Where X.Org modules are looked for; ``library_folder``: the 64-bit libcuda's.
+
+    >>> xorg_folders("/usr/lib/x86_64-linux-gnu")[:2]
+    ('/usr/lib/x86_64-linux-gnu/nvidia/xorg', '/usr/lib/x86_64-linux-gnu/xorg/modules/drivers')
+    """
+    subs = ("modules/drivers", "modules/extensions", "modules/updates/drivers", "modules/updates/extensions")
+    bases = ["/usr/lib/xorg", "/usr/lib64/xorg", "/usr/X11R6/lib", "/usr/X11R6/lib64"]
+    first = [] if library_folder is None else [f"{library_folder}/nvidia/xorg"]
+    if library_folder is not None:
+        bases.insert(0, f"{library_folder}/xorg")
+    return tuple(first + [f"{base}/{sub}" for base in bases for sub in subs])
+
 
 def library_stem(file_name: str) -> str | None:
     """``libcuda.so.550.163.01`` -> ``libcuda``; None if it is no shared-object name."""
@@ -105,6 +168,22 @@ def library_capabilities(file_name: str, driver_version: str) -> frozenset[Capab
     if stem is None or file_name != f"{stem}.so.{driver_version}":
         return None
     return LIBRARIES.get(stem)
+
+
+def own_version_library_capabilities(file_name: str) -> frozenset[Capability] | None:
+    """The capabilities of a graphics library that carries its own version, or None.
+
+    >>> sorted(c.value for c in own_version_library_capabilities("libnvidia-egl-gbm.so.1.1.2"))
+    ['display', 'graphics']
+    >>> own_version_library_capabilities("libnvidia-egl-gbm.so.1") is None
+    True
+    """
+    stem = library_stem(file_name)
+    caps = OWN_VERSION_LIBRARIES.get(stem or "")
+    parts = file_name[len(f"{stem}.so.") :].split(".") if caps is not None else []
+    if caps is None or not file_name.startswith(f"{stem}.so.") or len(parts) < 2:
+        return None
+    return caps if all(p.isdigit() for p in parts) else None
 
 
 def wanted_library_capabilities(capabilities: frozenset[Capability]) -> frozenset[Capability]:

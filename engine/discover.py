@@ -22,7 +22,11 @@ Sources, all read through ``Root`` objects:
   ``/etc/cufile.json`` and ``/run/udev/data`` under the driver root;
 * ``<driver_root>/etc/ld.so.cache``: the driver libraries, kept when their file
   name carries the driver version, sorted into capabilities;
-* the driver root's binary folders, GSP firmware and daemons' IPC endpoints.
+* the driver root's binary folders, GSP firmware and daemons' IPC endpoints;
+* the graphics, display and OpenCL configuration files and X.Org modules
+  (``catalogue.CONFIGS``, ``VULKAN_CONFIGS``, ``XORG_MODULES``) under the driver
+  root, and each GPU's DRM nodes through ``<dev_root>/dev/dri/by-path/pci-<bus>-card``
+  and ``-render``.
 
 Anything optional that is missing or unreadable becomes a warning in the
 inventory. Discovery runs once at start and again when ``fingerprint`` changes;
@@ -46,10 +50,12 @@ from engine.cudaversion import read_cuda_version
 from engine.errors import DiscoveryError
 from engine.ldcache import parse_ld_so_cache
 from engine.model import (
+    Capability,
     ComputeInstance,
     DeviceKind,
     DeviceNode,
     DriverFile,
+    DrmNodes,
     Fabric,
     FileKind,
     Gpu,
@@ -131,15 +137,16 @@ def discover(
     libraries = _libraries(driver, version, warnings)
     ipc, ipc_warnings = current_ipc(config)
     warnings += ipc_warnings
-    files = _binaries(driver) + _firmware(driver, version) + ipc
+    files = _binaries(driver) + _firmware(driver, version) + _configs(driver) + _xorg(driver, version, libraries) + ipc
     cuda = _cuda_version(driver, libraries, cuda_version, warnings)
     mig = _mig(proc, majors.get("nvidia-caps"), gpus, warnings)
     if mig.gpu_instances:
         mig = _nvml(driver, libraries, gpus, mig, nvml, warnings)
     found = _fabric(proc, dev, driver, majors, warnings)
+    drm = _drm(dev, gpus, warnings)
     for warning in warnings:
         logger.warning("discovery: %s", warning)
-    return Inventory(version, cuda, gpus, controls, nvidia_major, libraries, files, tuple(warnings), mig, found)
+    return Inventory(version, cuda, gpus, controls, nvidia_major, libraries, files, tuple(warnings), mig, found, drm)
 
 
 def _majors(proc: Root, warnings: list[str]) -> dict[str, int]:
@@ -368,6 +375,7 @@ def _libraries(driver: Root, version: str, warnings: list[str]) -> tuple[Library
     for entry in entries:
         real = driver.resolve(entry.path)
         caps = catalogue.library_capabilities(posixpath.basename(real), version)
+        caps = caps or catalogue.own_version_library_capabilities(posixpath.basename(real))
         stem = catalogue.library_stem(entry.name)
         # The cache may also list a development link (libcuda.so); keep the SONAME entry.
         if caps is None or stem is None or entry.name == f"{stem}.so" or not driver.is_file(real):
@@ -402,6 +410,73 @@ def _firmware(driver: Root, version: str) -> tuple[DriverFile, ...]:
                 # /lib is often a link to /usr/lib: one mount per real file.
                 seen.setdefault(source, DriverFile(path, source, FileKind.FIRMWARE, frozenset()))
     return tuple(seen.values())
+
+
+def _configs(driver: Root) -> tuple[DriverFile, ...]:
+    """The graphics and OpenCL configuration files (``catalogue.CONFIGS``, at the path
+    found) and Vulkan's (``catalogue.VULKAN_CONFIGS``, under /etc in the container)."""
+    found: list[DriverFile] = []
+    for rel, caps in catalogue.CONFIGS:
+        path = next((f"{d}/{rel}" for d in catalogue.CONFIG_FOLDERS if driver.is_file(f"{d}/{rel}")), None)
+        if path is not None:
+            found.append(DriverFile(path, driver.resolve(path), FileKind.CONFIG, caps))
+    for rel in catalogue.VULKAN_CONFIGS:
+        path = next((f"{d}/{rel}" for d in (*catalogue.CONFIG_FOLDERS, "") if driver.is_file(f"{d}/{rel}")), None)
+        if path is not None:
+            dest = f"{catalogue.VULKAN_CONFIG_FOLDER}/{rel}"
+            found.append(DriverFile(dest, driver.resolve(path), FileKind.CONFIG, catalogue.GRAPHICS))
+    return tuple(found)
+
+
+def _xorg(driver: Root, version: str, libraries: tuple[Library, ...]) -> tuple[DriverFile, ...]:
+    """X.Org's NVIDIA driver and GLX module (display), each the first found."""
+    libcuda = next((lib for lib in libraries if lib.soname == "libcuda.so.1" and lib.is_64bit), None)
+    folders = catalogue.xorg_folders(libcuda.folder if libcuda is not None else None)
+    found = []
+    for name in (m.format(version=version) for m in catalogue.XORG_MODULES):
+        path = next((f"{d}/{name}" for d in folders if driver.is_file(f"{d}/{name}")), None)
+        if path is not None:
+            found.append(DriverFile(path, driver.resolve(path), FileKind.XORG, frozenset({Capability.DISPLAY})))
+    return tuple(found)
+
+
+_DRM_NAMES = {"card": "card", "render": "renderD"}  # by-path suffix -> node name prefix
+
+
+def _drm(dev: Root, gpus: tuple[Gpu, ...], warnings: list[str]) -> tuple[DrmNodes, ...]:
+    """Each GPU's DRM nodes through ``/dev/dri/by-path/pci-<bus>-{card,render}``.
+
+    The links are resolved inside the dev root (never out of it), and only to
+    ``/dev/dri/card<n>`` or ``/dev/dri/renderD<n>`` that is a character device;
+    anything else is a warning. A GPU without links (nvidia-drm not loaded) is
+    left out quietly: the plan says so to graphics containers.
+    """
+    found = []
+    for gpu in gpus:
+        nodes = []
+        for suffix, prefix in _DRM_NAMES.items():
+            link = f"/dev/dri/by-path/pci-{gpu.bus_id}-{suffix}"
+            if dev.lstat(link) is None:
+                continue
+            try:
+                real = dev.resolve(link)
+            except DiscoveryError as exc:
+                warnings.append(f"DRM node of GPU {gpu.bus_id} skipped: {exc}")
+                continue
+            folder, name = posixpath.split(real)
+            number = name[len(prefix) :]
+            st = dev.lstat(real)
+            if folder != "/dev/dri" or not name.startswith(prefix) or not number.isdigit() or len(number) > 6:
+                warnings.append(f"{dev.host_path(link)} leads to {real}, not /dev/dri/{prefix}<n>; skipped")
+            elif st is None or not stat.S_ISCHR(st.st_mode):
+                warnings.append(f"{dev.host_path(real)}: not a character device; skipped")
+            else:
+                mode = stat.S_IMODE(st.st_mode) & 0o777
+                rdev = st.st_rdev
+                nodes.append(DeviceNode(real, os.major(rdev), os.minor(rdev), "c", mode, DeviceKind.DRM))
+        if nodes:
+            found.append(DrmNodes(gpu.bus_id, tuple(nodes)))
+    return tuple(found)
 
 
 def current_ipc(config: EngineConfig) -> tuple[tuple[DriverFile, ...], tuple[str, ...]]:

@@ -87,6 +87,8 @@ class FileKind(enum.Enum):
     BINARY = "binary"
     FIRMWARE = "firmware"
     IPC = "ipc"  # a daemon's socket or pipe folder: mounted read-only (connecting needs no writable mount)
+    CONFIG = "config"  # a graphics or OpenCL configuration or data file (ICD JSONs, nvoptix.bin, xorg.conf.d)
+    XORG = "xorg"  # an X.Org module (nvidia_drv.so, libglxserver_nvidia.so.<version>)
 
 
 class EntryType(enum.Enum):
@@ -123,6 +125,7 @@ class DeviceKind(enum.Enum):
     INFINIBAND = "infiniband"  # /dev/infiniband/uverbs<n>, /dev/infiniband/rdma_cm (MOFED)
     GDRDRV = "gdrdrv"  # /dev/gdrdrv (GDRCopy)
     NVSWITCH = "nvswitch"  # /dev/nvidia-nvswitchctl, /dev/nvidia-nvswitch<n>
+    DRM = "drm"  # /dev/dri/card<n>, /dev/dri/renderD<n> (nvidia-drm)
 
 
 class Feature(enum.Enum):
@@ -290,6 +293,16 @@ class Fabric:
 
 
 @dataclass(frozen=True)
+class DrmNodes:
+    """One GPU's DRM nodes (``nvidia-drm``), found through ``/dev/dri/by-path/pci-<bus>-card``
+    and ``-render``: ``/dev/dri/card<n>`` and ``/dev/dri/renderD<n>``, numbers and mode
+    as the host's nodes have them."""
+
+    bus_id: str
+    nodes: tuple[DeviceNode, ...]
+
+
+@dataclass(frozen=True)
 class Inventory:
     """Everything the engine knows about the node; made once by discovery, then read-only."""
 
@@ -303,6 +316,11 @@ class Inventory:
     warnings: tuple[str, ...] = ()
     mig: MigLayout = MigLayout()  # empty on a node without MIG capability files
     fabric: Fabric = Fabric()  # IMEX, GDS, MOFED, GDRCOPY and NVSWITCH devices
+    drm: tuple[DrmNodes, ...] = ()  # the GPUs' DRM nodes, by bus id; a GPU without any is not listed
+
+    def drm_nodes(self, bus_id: str) -> tuple[DeviceNode, ...] | None:
+        """The DRM nodes of the GPU at ``bus_id``; None when it has none."""
+        return next((d.nodes for d in self.drm if d.bus_id == bus_id), None)
 
     @property
     def has_driver(self) -> bool:
@@ -354,6 +372,9 @@ class Plan:
     # Fabric and I/O devices granted (their nodes and mounts are in ``devices`` and ``mounts``).
     imex_channels: tuple[int, ...] = ()
     features: tuple[Feature, ...] = ()
+    # Graphics on some of the node's GPUs: the NVIDIA application profile written at
+    # start (``engine.graphics.APP_PROFILE_PATH``) that limits EGL and Vulkan to them.
+    app_profile: str = ""
 
     @property
     def is_empty(self) -> bool:

@@ -12,6 +12,9 @@ projection of the inventory through the requested capabilities:
   from the access files: the kernel's own numbers, never computed), and the
   ``monitor`` / ``config`` capabilities when granted (config with every instance
   of the selected GPUs: it must reach them all);
+* graphics and display (``engine.graphics``): the whole GPUs' DRM nodes, the GBM
+  and GLX module links, and, with some of the node's GPUs only, the
+  ``EGLVisibleDGPUDevices`` application profile written at start;
 * fabric and I/O devices, with GPUs only (``engine.fabric``): the IMEX channels
   asked for, each ``/dev/nvidia-caps-imex-channels/channel<n>`` (major from
   ``/proc/devices``, minor the channel, below ``ImexChannelCount``), and every
@@ -42,7 +45,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterable
 
-from engine import catalogue, fabric, requirements
+from engine import catalogue, fabric, graphics, requirements
 from engine.config import EngineConfig
 from engine.errors import RequestError
 from engine.model import (
@@ -107,10 +110,12 @@ def plan(
         known = tuple(f for f in known if f.kind is not FileKind.IPC) + ipc
     files = tuple(f for f in known if not f.capabilities or f.capabilities & caps)
     notes.extend(fabric_plan.notes)
+    gfx = graphics.plan_graphics(caps, gpus, inventory, libraries, files)
+    notes.extend(gfx.notes)
     return Plan(
         gpus=gpus,
         capabilities=caps,
-        devices=_devices(physical, inventory, caps) + cap_nodes + fabric_plan.devices,
+        devices=_devices(physical, inventory, caps) + cap_nodes + fabric_plan.devices + gfx.devices,
         mounts=_mounts(libraries, files, config, fabric_plan.mounts),
         env=(
             ("NVIDIA_VISIBLE_DEVICES", ",".join((*(g.uuid for g in gpus), *(m.name for m in migs))) or "none"),
@@ -120,13 +125,14 @@ def plan(
         mig_devices=migs,
         proc_caps=proc_caps,
         proc_caps_all=request.mig_config,
-        symlinks=_symlinks(libraries),
+        symlinks=_symlinks(libraries) + gfx.symlinks,
         ldconfig_folders=tuple(sorted({lib.folder for lib in libraries})),
         ld_cache_entries=_ld_cache_entries(libraries),
         ipc=tuple(sorted(f.path for f in files if f.kind is FileKind.IPC)),
         notes=tuple(notes),
         imex_channels=fabric_plan.imex_channels,
         features=fabric_plan.features,
+        app_profile=gfx.app_profile,
     )
 
 

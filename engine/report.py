@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.graphics import APP_PROFILE_PATH
 from engine.model import (
     Capability,
     DeviceNode,
@@ -216,6 +217,9 @@ def inventory_text(inventory: Inventory) -> str:
     lines.append("Other files: " + ", ".join(f"{k} {v}" for k, v in others.items()))
     lines.append("Control devices: " + (", ".join(d.path for d in inventory.control_devices) or "none"))
     lines += _fabric_lines(inventory.fabric)
+    if inventory.drm:
+        drm = (f"{d.bus_id} {' '.join(n.path.rsplit('/', 1)[1] for n in d.nodes)}" for d in inventory.drm)
+        lines.append("DRM nodes: " + ", ".join(drm))
     if inventory.mig.gpu_instances:
         lines += _mig_lines(inventory)
     lines += [f"warning: {w}" for w in inventory.warnings]
@@ -265,6 +269,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         out["imex_channels"] = list(plan.imex_channels)
     if plan.features:
         out["features"] = [f.value for f in plan.features]
+    if plan.app_profile:
+        out["start"]["app_profile"] = plan.app_profile
     return out
 
 
@@ -293,6 +299,8 @@ def plan_text(plan: Plan) -> str:
         lines.append("  keep /proc/driver/nvidia/capabilities/: all of it")
     elif plan.proc_caps:
         lines.append(f"  keep /proc/driver/nvidia/capabilities/: {' '.join(plan.proc_caps)}")
+    if plan.app_profile:
+        lines.append(f"  write {APP_PROFILE_PATH}: {' '.join(plan.app_profile.split())}")
     lines.append(f"  ld.so.conf.d folders: {' '.join(plan.ldconfig_folders) or '(none)'}")
     lines.append(f"  ld.so.cache entries added: {len(plan.ld_cache_entries)}")
     lines += [f"note: {n}" for n in plan.notes]

@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from engine.start import cgroup, compat, ipc, ldconfig, links, mountinfo, procview, syscalls
+from engine.start import appprofile, cgroup, compat, ipc, ldconfig, links, mountinfo, procview, syscalls
 from engine.start.rootdir import RootDir
 from engine.start.work import StartReport, StartWork, WorkError
 
@@ -189,6 +189,9 @@ def _steps(live: RootDir, host: _Host, work: StartWork, step: _Steps, deadline: 
     written = False
     with step("symlinks"):
         links.create(copy, work.symlinks)
+    if work.app_profile:
+        with step("application profile"):
+            appprofile.write(copy, work.app_profile)
     found = compat.Compat()
     if work.ldconfig_folders and work.cuda_compat:
         with step("CUDA compat"):

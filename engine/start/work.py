@@ -69,6 +69,9 @@ class StartWork:
     # than ``driver_version``, the host driver's (``engine.cudacompat``).
     cuda_compat: bool = False
     driver_version: str = ""
+    # Graphics on some GPUs: the application profile's text (``engine.graphics``),
+    # written at ``APP_PROFILE_PATH``; "" writes nothing.
+    app_profile: str = ""
 
     def __post_init__(self) -> None:
         if self.ld_cache not in LD_CACHE_MODES:
@@ -99,6 +102,8 @@ class StartWork:
             raise ValueError(f"proc caps {self.proc_caps[:8]!r}: listed twice")
         if len(self.driver_version) > 64 or not self.driver_version.isprintable():
             raise ValueError(f"bad driver version {self.driver_version[:64]!r}")
+        if len(self.app_profile) > 4096 or "\0" in self.app_profile:
+            raise ValueError(f"bad application profile {self.app_profile[:64]!r}")
 
 
 def is_cap_path(path: str) -> bool:
@@ -168,6 +173,7 @@ def start_work(
         proc_caps_all=plan.proc_caps_all,
         cuda_compat=cuda_compat,
         driver_version=driver_version,
+        app_profile=plan.app_profile,
     )
 
 

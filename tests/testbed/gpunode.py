@@ -46,6 +46,11 @@ and the engine cannot tell it from a host with a loaded driver and no GPU work r
   and ``run/udev/data/`` under the driver root. They are real character devices
   (``os.mknod``) when running as root, else EMPTY REGULAR FILES with the same names: a
   test that needs ``S_ISCHR`` must check ``SimNode.real_device_nodes``.
+  With ``drm=True`` (the default) also nvidia-drm's nodes: ``dri/card0`` is the BMC's VGA
+  (an ASPEED at ``0000:02:00.0``, as on most servers), then ``dri/card<index + 1>`` (226,
+  mode 0660) and ``dri/renderD<128 + index>`` (0666) per GPU, with udev's
+  ``dri/by-path/pci-<bus>-card`` and ``-render`` links; so card and render numbers are
+  neither the GPU's index nor its minor (``SimNode.drm_nodes``). Excluded GPUs get none.
 
 GPU indexes are positions in bus-id order (what NVML shows); the device minors are a
 fixed permutation that is NOT the bus order (DGX-like ``[2,3,0,1,6,7,4,5,...]``) so a
@@ -62,7 +67,14 @@ Packages (all ``550.163.01-2`` from trixie unless noted; amd64 unless noted):
 * video: libnvcuvid1, libnvidia-encode1, libnvidia-opticalflow1, nvidia-vdpau-driver
 * graphics: libnvidia-eglcore (+ glsi), libnvidia-glcore (+ tls), libglx-nvidia0,
   libegl-nvidia0, libgles-nvidia1, libgles-nvidia2, libnvidia-glvkspirv, libnvidia-rtcore,
-  libnvoptix1, libnvidia-fbc1, libnvidia-allocator1, nvidia-vulkan-common, nvidia-egl-common
+  libnvoptix1, libnvidia-fbc1, libnvidia-allocator1, nvidia-vulkan-common (the Vulkan ICD and
+  layer JSONs), nvidia-egl-common (the EGL vendor JSON); libnvidia-egl-gbm1 (``1.1.2.1-*``) and
+  libnvidia-egl-wayland1 (``1:1.1.18-*``), from main, with their own library versions and
+  external-platform JSONs. ``nvidia-vulkan-icd`` and ``nvidia-egl-icd`` are empty dependency
+  packages; ``libnvidia-egl-xcb1``/``-xlib1`` (egl-x11) are not in trixie.
+* display: xserver-xorg-video-nvidia (``nvidia_drv.so`` and ``libglxserver_nvidia.so.<ver>``
+  in ``usr/lib/xorg/modules/{drivers,extensions}``, ``nvidia-drm-outputclass.conf`` in
+  ``usr/share/X11/xorg.conf.d``, as the installer lays them out)
 * ngx: libnvidia-ngx1
 * firmware: firmware-nvidia-gsp
 * i386: libcuda1, libnvidia-ml1, libnvidia-ptxjitcompiler1
@@ -107,6 +119,7 @@ from .nvmlsim import SimNvmlGpu, SimNvmlMig
 __all__ = [
     "CAPS_MAJOR",
     "DRIVER_VERSION",
+    "DRM_MAJOR",
     "FABRIC_NODES",
     "FS_MAJOR",
     "GDRDRV_MAJOR",
@@ -187,6 +200,10 @@ PACKAGES: tuple[tuple[str, str], ...] = (
     ("libnvidia-allocator1", _DEB),
     ("nvidia-vulkan-common", _DEB),
     ("nvidia-egl-common", _DEB),
+    # graphics with versions of their own (egl-gbm, egl-wayland: Debian main), and display
+    ("libnvidia-egl-gbm1", "1.1.2.1-*"),
+    ("libnvidia-egl-wayland1", "1:1.1.18-*"),
+    ("xserver-xorg-video-nvidia", _DEB),
     # ngx
     ("libnvidia-ngx1", _DEB),
     # firmware
@@ -199,7 +216,7 @@ PACKAGES: tuple[tuple[str, str], ...] = (
 )
 
 # Bump when the layout code changes: the cached trees are keyed by it.
-_LAYOUT_VERSION = 1
+_LAYOUT_VERSION = 2
 
 LIB64 = "usr/lib/x86_64-linux-gnu"
 LIB32 = "usr/lib/i386-linux-gnu"
@@ -280,6 +297,11 @@ class SimNode:
     # on the host, as when nvidia-modprobe has not run since they were created.
     without_cap_nodes: tuple[int, ...] = ()
     fabric: bool = False  # the fabric and I/O nodes (FABRIC_NODES) and GDS's files
+    drm: bool = False  # nvidia-drm's /dev/dri nodes and by-path links (drm_nodes)
+
+    def drm_nodes(self, gpu: SimGpu) -> tuple[tuple[str, int, int, int], ...]:
+        """``gpu``'s DRM nodes as (path under dev/, major, minor, mode); () without DRM."""
+        return _drm_nodes(gpu) if self.drm and not gpu.excluded else ()
 
     def mig_devices(self) -> dict[int, tuple[SimNvmlMig, ...]]:
         """What the simulated NVML lists: GPU index -> its MIG devices by raw index j."""
@@ -445,6 +467,15 @@ _SKIP_PREFIXES = ("usr/share/doc/", "usr/share/man/", "usr/share/lintian/", "usr
                   "etc/init.d/", "usr/lib/systemd/", "lib/systemd/")
 
 
+# xserver-xorg-video-nvidia's files, where the installer puts them.
+_XORG = {
+    "usr/lib/nvidia/current/nvidia_drv.so": "usr/lib/xorg/modules/drivers/nvidia_drv.so",
+    f"usr/lib/nvidia/current/libglxserver_nvidia.so.{DRIVER_VERSION}":
+        f"usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{DRIVER_VERSION}",
+    "etc/nvidia/current/nvidia-drm-outputclass.conf": "usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf",
+}
+
+
 def _relocate(rel: str) -> str | None:
     """Installer path of a file from a .deb (relative), or None to leave it out."""
     if rel.startswith(_SKIP_PREFIXES) or rel.endswith(".1.gz"):
@@ -462,6 +493,8 @@ def _relocate(rel: str) -> str | None:
             if rest == "nvidia-drm_gbm.so":
                 return None  # made below as gbm/nvidia-drm_gbm.so
             return f"{libdir}/{rest}"
+    if rel in _XORG:
+        return _XORG[rel]
     if rel == "usr/lib/nvidia/current/nvidia-smi":
         return "usr/bin/nvidia-smi"  # the ELF; Debian's /usr/bin/nvidia-smi is an alternative
     if rel.startswith("usr/lib/nvidia/"):
@@ -550,6 +583,9 @@ def _assemble(tree: Path, extracted: dict[str, Path]) -> None:
     # The GBM backend link the installer makes (and the toolkit's graphics mounts expect).
     if (tree / LIB64 / "libnvidia-allocator.so.1").is_symlink():
         _symlink("../libnvidia-allocator.so.1", tree / LIB64 / "gbm/nvidia-drm_gbm.so")
+    glx = f"usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{DRIVER_VERSION}"
+    if (tree / glx).is_file():
+        _symlink(Path(glx).name, tree / "usr/lib/xorg/modules/extensions/libglxserver_nvidia.so")
     _write_ld_so_conf(tree, [LIB64, LIB32])
     run_ldconfig(tree)
 
@@ -821,6 +857,28 @@ def _make_node(path: Path, major: int, minor: int, mode: int, use_mknod: bool, *
     return False
 
 
+DRM_MAJOR = 226
+BMC_VGA_BUS = "0000:02:00.0"
+
+
+def _drm_nodes(gpu: SimGpu) -> tuple[tuple[str, int, int, int], ...]:
+    card, render = gpu.index + 1, 128 + gpu.index
+    return (f"dri/card{card}", DRM_MAJOR, card, 0o660), (f"dri/renderD{render}", DRM_MAJOR, render, 0o666)
+
+
+def _write_drm(node: SimNode) -> None:
+    """nvidia-drm's nodes and udev's by-path links, beside the BMC's card0."""
+    dri = node.dev_root / "dev/dri"
+    (dri / "by-path").mkdir(parents=True, exist_ok=True)
+    use_mknod = _make_node(dri / "card0", DRM_MAJOR, 0, 0o660, node.real_device_nodes, insist=False)
+    _symlink("../card0", dri / "by-path" / f"pci-{BMC_VGA_BUS}-card")
+    for gpu in node.gpus:
+        for rel, major, minor, mode in node.drm_nodes(gpu):
+            use_mknod = _make_node(node.dev_root / "dev" / rel, major, minor, mode, use_mknod, insist=False)
+            kind = "card" if "/card" in rel else "render"
+            _symlink(f"../{rel.split('/')[-1]}", dri / "by-path" / f"pci-{gpu.bus_id}-{kind}")
+
+
 def _write_fabric(node: SimNode) -> None:
     """The fabric nodes under dev/ and GDS's files under the driver root."""
     dev = node.dev_root / "dev"
@@ -1004,6 +1062,7 @@ def build_node(
     nvml: str = "sim",
     without_cap_nodes: Sequence[int] = (),
     fabric: bool = False,
+    drm: bool = True,
 ) -> SimNode:
     """Build a simulated GPU node in ``root`` (created if missing) and describe it.
 
@@ -1025,7 +1084,9 @@ def build_node(
     whose ``/dev/nvidia-caps`` nodes are not made on the host (the kernel makes none;
     nvidia-modprobe may not have run): nri-gpu must not need them. ``fabric``: also
     the fabric and I/O device nodes (``FABRIC_NODES``), their majors in
-    ``/proc/devices`` and GDS's ``etc/cufile.json`` and ``run/udev/data/``.
+    ``/proc/devices`` and GDS's ``etc/cufile.json`` and ``run/udev/data/``. ``drm``:
+    nvidia-drm's ``/dev/dri`` nodes and by-path links (``SimNode.drm_nodes``); False: a
+    node where nvidia-drm is not loaded.
     """
     if nvml not in ("sim", "real"):
         raise ValueError(f"nvml must be 'sim' or 'real', not {nvml!r}")
@@ -1042,10 +1103,12 @@ def build_node(
         root=root, driver_root=driver_root, dev_root=root, proc_root=proc,
         driver_version=DRIVER_VERSION if driver else None, gpus=sim_gpus, real_device_nodes=real,
         mig=mig_layout, nvml=nvml if mig_layout is not None else None,
-        without_cap_nodes=tuple(without_cap_nodes), fabric=fabric and driver,
+        without_cap_nodes=tuple(without_cap_nodes), fabric=fabric and driver, drm=drm and driver,
     )
     if node.fabric:
         _write_fabric(node)
+    if node.drm:
+        _write_drm(node)
     if mig_layout is not None:
         _write_mig(node)
         if nvml == "sim":

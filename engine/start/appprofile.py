@@ -1,0 +1,40 @@
+"""The ``EGLVisibleDGPUDevices`` application profile in the container (``engine.graphics``).
+
+Written at start, as the ld.so.conf files are: through the detached copy of the
+container's root (``RootDir``), the folder made or found on the container's own
+root file system only (never through a link into a volume or a host mount), and
+the file replaced atomically (``write_atomically``: a link planted at its name is
+replaced, never followed). A file we already wrote with the same text is left as
+it is, so a second start changes nothing. libnvidia-container put the same file
+on a tmpfs it mounted over the folder; a file in the container's writable layer
+needs no mount and goes away with the container.
+"""
+
+from __future__ import annotations
+
+import os
+
+from engine.graphics import APP_PROFILE_PATH
+from engine.start.rootdir import READ, RootDir, split, write_atomically
+from engine.start.work import WorkError
+
+__all__ = ["write"]
+
+_LIMIT = 1 << 16
+
+
+def write(root: RootDir, text: str) -> bool:
+    """Write ``text`` at ``APP_PROFILE_PATH``; True when it was written (not already there)."""
+    want = text.encode()
+    try:
+        if root.read_small(APP_PROFILE_PATH, _LIMIT, resolve=READ) == want:
+            return False
+    except WorkError:
+        pass  # not a regular file, or too big: replaced below (or refused, naming it)
+    parent, name = split(APP_PROFILE_PATH)
+    folder = root.makedirs(parent)
+    try:
+        write_atomically(folder, name, want, 0o644, what=APP_PROFILE_PATH)
+    finally:
+        os.close(folder)
+    return True
