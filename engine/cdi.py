@@ -5,7 +5,8 @@ runtime reads a spec file and applies the named devices' edits to the OCI spec.
 Ours is kind ``nvidia.com/gpu`` with one device per GPU under two names, its
 index (``nvidia.com/gpu=0``) and its UUID (``nvidia.com/gpu=GPU-...``); one
 per MIG device under the toolkit's two names, ``<i>:<j>`` and ``MIG-<uuid>``;
-and ``all``. A device's own edits are its nodes: a GPU's ``/dev/nvidiaN``, a
+and ``all``. A device's own edits are its nodes: a GPU's ``/dev/nvidiaN`` (and,
+with ``graphics`` or ``display``, its ``/dev/dri`` card and render nodes), a
 MIG device's parent ``/dev/nvidiaN`` and its GPU and compute instances'
 ``/dev/nvidia-caps/nvidia-cap<minor>``. The spec-wide edits, applied once
 whenever any of its devices is, are the rest of the engine's plan for the same
@@ -145,6 +146,9 @@ def cdi_spec(
     for gpu in gpus:
         node = _gpu_node(inventory, gpu)
         edits = {"deviceNodes": [_device(node)]} if node is not None else {}
+        drm = _drm_nodes(inventory, gpu, capabilities)
+        if drm:
+            edits = {"deviceNodes": [*edits.get("deviceNodes", []), *(_device(n) for n in drm)]}
         devices.append({"name": str(gpu.index), "containerEdits": edits})
         devices.append({"name": gpu.uuid, "containerEdits": edits})
     migs, _ = _mig_devices(inventory)
@@ -156,6 +160,7 @@ def cdi_spec(
     every = {n.minor: n for n in (_gpu_node(inventory, g) for g in (*whole, *(m.parent for m in migs))) if n}
     caps = {n.minor: n for mig in migs for n in _mig_nodes(inventory, mig) if n.kind is DeviceKind.MIG_CAP}
     nodes = [every[m] for m in sorted(every)] + [caps[m] for m in sorted(caps)]
+    nodes += [n for g in whole for n in _drm_nodes(inventory, g, capabilities)]
     devices.append({"name": "all", "containerEdits": {"deviceNodes": [_device(n) for n in nodes]}})
     return {"cdiVersion": CDI_VERSION, "kind": KIND, "devices": devices, "containerEdits": _common(common, hook)}
 
@@ -234,6 +239,13 @@ def _gpu_node(inventory: Inventory, gpu: Gpu) -> DeviceNode | None:
     if inventory.nvidia_major is None:
         return None
     return DeviceNode(f"/dev/nvidia{gpu.minor}", inventory.nvidia_major, gpu.minor, kind=DeviceKind.GPU)
+
+
+def _drm_nodes(inventory: Inventory, gpu: Gpu, capabilities: frozenset[Capability]) -> tuple[DeviceNode, ...]:
+    """A whole GPU's DRM nodes when the spec's capabilities include graphics or display."""
+    if not capabilities & {Capability.GRAPHICS, Capability.DISPLAY}:
+        return ()
+    return inventory.drm_nodes(gpu.bus_id) or ()
 
 
 def _cap_node(major: int, cap: MigCap) -> DeviceNode:

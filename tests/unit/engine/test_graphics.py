@@ -211,3 +211,20 @@ def test_golden(scenario: str, tmp_path: Path) -> None:
         path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     assert path.exists(), f"{path} is missing; run with NRI_GPU_UPDATE_GOLDEN=1 to create it, then review it"
     assert result == json.loads(path.read_text())
+
+
+def test_a_cdi_spec_with_graphics_gives_each_gpu_its_drm_nodes(four: Node) -> None:
+    from engine.cdi import cdi_spec, hook_command
+    from engine.model import DEFAULT_CAPABILITIES
+
+    def nodes(caps: frozenset[C]) -> dict[str, list[str]]:
+        spec = cdi_spec(four.inventory, four.config, caps, hook_command("/usr/bin/nri-gpu", four.config, caps))
+        return {d["name"]: [n["path"] for n in d["containerEdits"].get("deviceNodes", [])] for d in spec["devices"]}
+
+    graphics = nodes(frozenset({C.GRAPHICS, C.COMPUTE}))
+    gpu = four.inventory.gpus[1]
+    assert graphics["1"] == graphics[gpu.uuid] == [f"/dev/nvidia{gpu.minor}", "/dev/dri/card2", "/dev/dri/renderD129"]
+    assert [p for p in graphics["all"] if p.startswith("/dev/dri/")] == [
+        p for i in range(4) for p, _, _ in sim_drm(four.sim, i)
+    ]
+    assert not any(p.startswith("/dev/dri/") for paths in nodes(DEFAULT_CAPABILITIES).values() for p in paths)
