@@ -89,8 +89,9 @@ GDS_FILES = (("/etc/cufile.json", False), ("/run/udev/data", True))  # (path, is
 
 def fingerprint(config: EngineConfig) -> tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """Cheap identity of the driver state: version file text, the GPU folder names,
-    the MIG instances' folders (``gpu2/mig/gi2``, ``gpu2/mig/gi2/ci0``, ...) and the
-    fabric nodes' paths (a module such as nvidia-fs is often loaded after us).
+    the MIG instances' folders (``gpu2/mig/gi2``, ``gpu2/mig/gi2/ci0``, ...), the
+    fabric nodes' paths and the DRM by-path links (a module such as nvidia-fs or
+    nvidia-drm is often loaded after us).
 
     A new driver (version line changes), GPUs appearing or disappearing (folders
     change) or GPU or compute instances created or destroyed make it differ;
@@ -102,12 +103,15 @@ def fingerprint(config: EngineConfig) -> tuple[str, tuple[str, ...], tuple[str, 
         version = proc.read_text(_VERSION, limit=4096)
     except DiscoveryError:
         version = ""
+    dev = Root(config.dev_root)
     try:
-        fabric_paths = tuple(path for path, _ in _fabric_candidates(Root(config.dev_root), []))
+        fabric_paths = tuple(path for path, _ in _fabric_candidates(dev, []))
     except DiscoveryError:
         fabric_paths = ()
+    # nvidia-drm, too, may be loaded after us: its by-path links come with it.
+    drm_links = tuple(f"/dev/dri/by-path/{name}" for name in sorted(dev.listdir("/dev/dri/by-path"))[:1024])
     migs = tuple(_placement_folder(p) for p in _mig_placements(proc))
-    return version, tuple(proc.listdir(_GPUS)), migs, fabric_paths
+    return version, tuple(proc.listdir(_GPUS)), migs, fabric_paths + drm_links
 
 
 def discover(

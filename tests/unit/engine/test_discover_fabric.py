@@ -107,9 +107,20 @@ def test_a_driver_without_the_count_has_the_default(tmp_path: Path) -> None:
 
 
 def test_the_fingerprint_changes_when_a_fabric_module_loads(tmp_path: Path) -> None:
-    node = build_node(tmp_path / "n", gpus=1)
+    node = build_node(tmp_path / "n", gpus=1, drm=False)
     config = config_for(node)
     before = fingerprint(config)
     (node.dev_root / "dev/gdrdrv").write_text("")
     after = fingerprint(config)
     assert after != before and after[3] == ("/dev/gdrdrv",)
+
+
+def test_the_fingerprint_changes_when_nvidia_drm_loads(tmp_path: Path) -> None:
+    node = build_node(tmp_path / "n", gpus=1, drm=False)
+    config = config_for(node)
+    before = fingerprint(config)
+    links = node.dev_root / "dev/dri/by-path"
+    links.mkdir(parents=True)
+    (links / f"pci-{node.gpus[0].bus_id}-card").symlink_to("../card1")
+    after = fingerprint(config)
+    assert after != before and after[3] == (f"/dev/dri/by-path/pci-{node.gpus[0].bus_id}-card",)
