@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from engine.equipped import Source, cdi_names, completion, conflict, equipped, n
 from engine.errors import EngineError
 from engine.model import Capability, Inventory, Plan
 from engine.plan import plan
+from engine.report import plan_to_dict
 from engine.request import ContainerInfo, parse_request
 from tests.testbed.gpunode import CAPS_MAJOR, SimNode, build_node, cap_minor
 
@@ -115,3 +118,23 @@ def test_nvidia_nri_annotations_and_the_policy_switch() -> None:
         EngineError, match=r"policy\.equipped_containers: 'aside' is not one of 'stand-aside', 'complete'"
     ):
         from_tables({}, {"equipped_containers": "aside"})
+
+
+GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "plan-equipped-complete.json"
+
+
+def test_golden_completion_plan(node: Node) -> None:
+    """What ``"complete"`` gives a CDI-equipped container holding GPU 1 and a MIG device,
+    mounting libcuda and libnvidia-ml: the view and those libraries' links and entries only."""
+    parent = node.inventory.gpus[2]
+    m = parent.minor
+    nodes = node.nodes(1, 2) | {(CAPS_MAJOR, cap_minor(m, 2)), (CAPS_MAJOR, cap_minor(m, 2, 1))}
+    ml = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.550.163.01"
+    have = equipped(nodes, {LIBCUDA, ml}, ("k8s.gpu.nvidia.com/claim=uid-0",), node.inventory)
+    assert have is not None
+    caps = frozenset({Capability.COMPUTE, Capability.UTILITY})
+    done = completion(have, node.inventory, node.config, caps, {LIBCUDA, ml})
+    result = json.loads(json.dumps(plan_to_dict(done), sort_keys=True).replace(str(node.sim.root), "<ROOT>"))
+    if os.environ.get("NRI_GPU_UPDATE_GOLDEN") == "1":
+        GOLDEN.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    assert result == json.loads(GOLDEN.read_text())
