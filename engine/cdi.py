@@ -286,4 +286,15 @@ def _common(every: Plan, hook: HookCommand) -> dict[str, Any]:
 
 def _device(node: DeviceNode) -> dict[str, Any]:
     # Type and numbers given: the runtime creates the node without looking for one on the host.
-    return {"path": node.path, "type": node.type, "major": node.major, "minor": node.minor, "fileMode": node.mode}
+    device: dict[str, Any] = {
+        "path": node.path,
+        "type": node.type,
+        "major": node.major,
+        "minor": node.minor,
+        "fileMode": node.mode,
+    }
+    if node.uid is not None:
+        device["uid"] = node.uid
+    if node.gid is not None:
+        device["gid"] = node.gid
+    return device

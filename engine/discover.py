@@ -477,7 +477,9 @@ def _drm(dev: Root, gpus: tuple[Gpu, ...], warnings: list[str]) -> tuple[DrmNode
             else:
                 mode = stat.S_IMODE(st.st_mode) & 0o777
                 rdev = st.st_rdev
-                nodes.append(DeviceNode(real, os.major(rdev), os.minor(rdev), "c", mode, DeviceKind.DRM))
+                nodes.append(
+                    DeviceNode(real, os.major(rdev), os.minor(rdev), "c", mode, DeviceKind.DRM, st.st_uid, st.st_gid)
+                )
         if nodes:
             found.append(DrmNodes(gpu.bus_id, tuple(nodes)))
     return tuple(found)

@@ -151,6 +151,11 @@ class DeviceNode:
     type: str = "c"
     mode: int = 0o666
     kind: DeviceKind = DeviceKind.GPU
+    # The host node's owner, where its group grants access (DRM nodes: root:video 0660,
+    # root:render 0660): the container's node gets them, as a runtime copying the
+    # host's node does. None: root's.
+    uid: int | None = None
+    gid: int | None = None
 
 
 @dataclass(frozen=True)

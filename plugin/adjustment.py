@@ -27,6 +27,10 @@ def to_adjustment(plan: Plan, container: api.Container) -> api.ContainerAdjustme
             continue
         device = adjust.linux.devices.add(path=node.path, type=node.type, major=node.major, minor=node.minor)
         device.file_mode.value = node.mode
+        if node.uid is not None:
+            device.uid.value = node.uid
+        if node.gid is not None:
+            device.gid.value = node.gid
     existing_mounts = {m.destination: m.source for m in container.mounts}
     for mount in plan.mounts:
         source = existing_mounts.get(mount.destination)

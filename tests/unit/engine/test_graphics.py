@@ -228,3 +228,28 @@ def test_a_cdi_spec_with_graphics_gives_each_gpu_its_drm_nodes(four: Node) -> No
         p for i in range(4) for p, _, _ in sim_drm(four.sim, i)
     ]
     assert not any(p.startswith("/dev/dri/") for paths in nodes(DEFAULT_CAPABILITIES).values() for p in paths)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown of the simulated node needs root")
+def test_drm_nodes_keep_the_host_nodes_group_in_the_container_and_the_cdi_spec(tmp_path: Path) -> None:
+    """Host render nodes are often root:render 0660: a container's non-root user in
+    that group can open them only if the container's node has the same group, as a
+    runtime copying the host's node (the toolkit's CDI) gives it."""
+    from engine.cdi import cdi_spec, hook_command
+    from plugin._proto import nri_pb2 as api
+    from plugin.adjustment import to_adjustment
+
+    node = Node(tmp_path / "node", gpus=1)
+    card, render = (node.sim.dev_root / "dev" / rel for rel, *_ in node.sim.drm_nodes(node.sim.gpus[0]))
+    os.chown(render, 0, 109)
+    os.chown(card, 0, 44)
+    node.inventory = discover(node.config, cuda_version=cuda_12_4)
+    plan = node.plan(**env("0", "graphics"))
+    owners = {d.path: (d.uid, d.gid) for d in plan.devices if d.kind is DeviceKind.DRM}
+    assert sorted(owners.values()) == [(0, 44), (0, 109)]
+    adjusted = {d.path: d.gid.value for d in to_adjustment(plan, api.Container()).linux.devices}
+    assert {path: adjusted[path] for path in owners} == {path: gid for path, (_, gid) in owners.items()}
+    hook = hook_command("/usr/bin/nri-gpu", node.config, frozenset({C.GRAPHICS}))
+    spec = cdi_spec(node.inventory, node.config, frozenset({C.GRAPHICS}), hook)
+    gids = {d["path"]: d.get("gid") for dev in spec["devices"] for d in dev["containerEdits"].get("deviceNodes", [])}
+    assert {path: gids[path] for path in owners} == {path: gid for path, (_, gid) in owners.items()}
