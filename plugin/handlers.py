@@ -65,6 +65,10 @@ class GpuPlugin:
         self._pending: dict[str, Plan] = {}
         # The IPC endpoints handed out, and why others were not, as last logged.
         self._ipc_state: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        # CreateContainer's answer per container that may ask for GPUs, for its
+        # ValidateContainerAdjustment: the value of our annotation in the adjustment,
+        # or None for "nothing to add". Bounded (``_remember``).
+        self._answered: dict[str, str | None] = {}
 
     async def _plan(
         self, pod: api.PodSandbox, container: api.Container, steps: dict[str, float] | None = None, share: float = 1.0
@@ -190,9 +194,11 @@ class GpuPlugin:
             raise
         if plan is None:
             self._took(STEP_PLAN, began)
+            self._remember(container.id, None)
             return None
         encoding = time.perf_counter()
         adjustment = to_adjustment(plan, container)
+        self._remember(container.id, adjustment.annotations[GPUS_ANNOTATION])
         steps["adjustment"] = (time.perf_counter() - encoding) * 1000
         self._pending[container.id] = plan
         capabilities = sorted(c.value for c in plan.capabilities)
@@ -410,6 +416,71 @@ class GpuPlugin:
 
     async def remove_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         self._pending.pop(container.id, None)
+        self._answered.pop(container.id, None)
+
+    def _remember(self, container_id: str, mark: str | None) -> None:
+        """Keep CreateContainer's answer for the validation that follows it. A
+        creation that fails after our answer (another plugin refused it) is never
+        validated nor removed: the oldest answers go past ``_ANSWERED_MAX``."""
+        self._answered[container_id] = mark
+        while len(self._answered) > _ANSWERED_MAX:
+            del self._answered[next(iter(self._answered))]
+
+    async def validate_container_adjustment(self, request: api.ValidateContainerAdjustmentRequest) -> None:
+        """Refuse a GPU container that is about to be created without our adjustment.
+
+        Subscribed only where the runtime offers validation (NRI v0.10: containerd
+        >= 2.2, CRI-O >= 1.34; ``plugin.events``). The runtime calls every validator
+        after all plugins answered CreateContainer, with the merged adjustment it is
+        about to apply, and fails the creation when one rejects. That closes the
+        holes ``required_plugins`` leaves: our CreateContainer timed out (the
+        runtime counts us present and applies nothing of ours) or was never sent
+        to us (we registered in the middle of the creation). A container that may
+        ask for GPUs (``may_request``, the same pre-filter as CreateContainer) must
+        have been answered by this process, and when that answer was an adjustment,
+        the merged adjustment must carry our annotation with the value we gave it
+        (only plugins' edits are in ``request.adjust``, so a container that came
+        with the annotation does not pass for one we equipped). An answer of
+        "nothing to add" (a request for no GPU, a container NVIDIA's plugin or CDI
+        equips) passes.
+
+        Runs under the runtime's deadline for every container of the node: a
+        dict lookup and the pre-filter, no I/O. Raises PluginError to reject.
+        """
+        pod, container = request.pod, request.container
+        if not may_request(pod, container, self._config.policy):
+            return
+        answered = self._answered.pop(container.id, _UNANSWERED)
+        if answered is None:
+            return
+        if answered is _UNANSWERED:
+            reason = (
+                "it may ask for GPUs but nri-gpu was not asked for its CreateContainer (nri-gpu registered while it "
+                "was being created, or restarted since): refusing to create it without its GPUs; try again"
+            )
+        else:
+            got = request.adjust.annotations.get(GPUS_ANNOTATION)
+            if got == answered:
+                return
+            why = (
+                "nri-gpu's CreateContainer reply did not reach the runtime in time; try again"
+                if got is None
+                else "another plugin changed it"
+            )
+            reason = (
+                f"it asks for GPUs but the adjustment the runtime is about to apply is not nri-gpu's "
+                f"({GPUS_ANNOTATION} is {'missing' if got is None else repr(got)}, nri-gpu answered {answered!r}): "
+                f"{why}"
+            )
+        fields = _fields("ValidateContainerAdjustment", pod, container, decision="rejected", reason=reason)
+        logger.warning("%s: rejected: %s", describe(pod, container), reason, extra={"nri_gpu": fields})
+        raise PluginError(reason)
+
+
+# At most this many CreateContainer answers wait for their validation; far more
+# than a node creates within one runtime request timeout.
+_ANSWERED_MAX = 4096
+_UNANSWERED = "\0unanswered"  # not a value of our annotation (``Plan.device_names`` joined)
 
 
 def _name_running(pod: api.PodSandbox, container: api.Container, decision: str, state: str, reason: str) -> None:

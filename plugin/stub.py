@@ -67,6 +67,11 @@ RUNTIME_CONN = 2
 HANDLER_NAMES: dict[Event, str] = {event: event.name.lower() for event in Event}
 _LIFECYCLE_NAMES = ("configure", "synchronize", "shutdown")
 
+_NO_VALIDATION = (
+    " (NRI before v0.10: containerd < 2.2, CRI-O < 1.34): a container whose CreateContainer reply is lost is "
+    "created without this plugin's adjustment"
+)
+
 # Registration must not outlive the runtime's own registration timeout (5 s).
 REGISTER_TIMEOUT = 5.0
 # How long UpdateContainers may take before we give up on it.
@@ -358,11 +363,15 @@ class Stub:
         valid = valid_events(req.runtime_name, req.runtime_version, req.NRI_version)
         events = self._wanted & valid
         if dropped := self._wanted & ~valid:
-            logger.warning(
-                "%s %s does not offer events %s; not subscribing to them",
+            # Validation is new in NRI v0.10; on older runtimes its absence is expected.
+            only_validation = dropped == Event.VALIDATE_CONTAINER_ADJUSTMENT.bit
+            logger.log(
+                logging.INFO if only_validation else logging.WARNING,
+                "%s %s does not offer events %s; not subscribing to them%s",
                 req.runtime_name,
                 req.runtime_version,
                 ",".join(e.name for e in events_of(dropped)),
+                _NO_VALIDATION if only_validation else "",
             )
         handler = self._handlers.get("configure")
         if handler is not None:

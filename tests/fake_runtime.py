@@ -22,7 +22,7 @@ from google.protobuf.message import Message
 
 from plugin._proto import nri_pb2 as api
 from plugin.config import PluginConfig
-from plugin.events import valid_events
+from plugin.events import Event, valid_events
 from plugin.metrics import PluginMetrics
 from plugin.stub import Stub
 from plugin.ttrpc import Code, InboundRequest, MuxConnection, StatusError
@@ -173,6 +173,47 @@ class FakeRuntime:
     async def create_container(self, pod: api.PodSandbox, container: api.Container) -> api.CreateContainerResponse:
         req = api.CreateContainerRequest(pod=pod, container=container)
         return await self.call("CreateContainer", req, api.CreateContainerResponse)
+
+    @property
+    def validates(self) -> bool:
+        """Whether the plugin subscribed to ValidateContainerAdjustment (event 14)."""
+        return self.events is not None and bool(self.events & Event.VALIDATE_CONTAINER_ADJUSTMENT.bit)
+
+    async def validate(
+        self,
+        pod: api.PodSandbox,
+        container: api.Container,
+        adjust: api.ContainerAdjustment | None = None,
+    ) -> api.ValidateContainerAdjustmentResponse:
+        """ValidateContainerAdjustment as the adaptation sends it: the pristine
+        container, the merged adjustment, who owns each annotation it sets
+        (``<idx>-<name>`` of the registered plugin) and the plugins that ran."""
+        reg = self.registrations[-1] if self.registrations else api.RegisterPluginRequest()
+        owner = f"{reg.plugin_idx}-{reg.plugin_name}"
+        req = api.ValidateContainerAdjustmentRequest(pod=pod, container=container)
+        if adjust is not None:
+            req.adjust.CopyFrom(adjust)
+            annotations = req.owners.owners[container.id].compound[api.Field.Value("Annotations")]
+            for key in adjust.annotations:
+                annotations.owners[key] = owner
+        req.plugins.add(name=reg.plugin_name, index=reg.plugin_idx)
+        return await self.call("ValidateContainerAdjustment", req, api.ValidateContainerAdjustmentResponse)
+
+    async def create_and_validate(
+        self, pod: api.PodSandbox, container: api.Container, *, reply_lost: bool = False
+    ) -> tuple[api.CreateContainerResponse | None, api.ValidateContainerAdjustmentResponse | None]:
+        """A container creation as the adaptation runs it: CreateContainer, then,
+        when the plugin subscribed to validation, ValidateContainerAdjustment with
+        what the runtime is about to apply. ``reply_lost``: the CreateContainer
+        reply came after the runtime's deadline, which applies nothing of it (and
+        still counts the plugin as present)."""
+        reply: api.CreateContainerResponse | None = await self.create_container(pod, container)
+        if reply_lost:
+            reply = None
+        if not self.validates:
+            return reply, None
+        adjust = reply.adjust if reply is not None and reply.HasField("adjust") else None
+        return reply, await self.validate(pod, container, adjust)
 
     async def state_change(self, event: int, pod: api.PodSandbox, container: api.Container | None = None) -> None:
         req = api.StateChangeEvent(event=event, pod=pod)  # type: ignore[arg-type]
