@@ -1,0 +1,184 @@
+"""podman 4.3.1 from Debian bookworm for the end-to-end tests, private to one workdir.
+
+Nothing is installed: the packages are unpacked into the cache (tests/testbed/debs.py)
+and podman runs from there with its own configuration, all under ``workdir``:
+
+* ``containers.conf`` (``$CONTAINERS_CONF``): conmon and runc by path (bookworm's
+  runc 1.1.5, as for containerd; crun fails on these machines' hybrid cgroup
+  layout), ``cgroupfs`` (no systemd), file events and file locks (the default shm
+  lock is the machine-wide ``/dev/shm/libpod_lock``), a private tmp dir, and
+  ``conmon_env_vars`` that hand conmon the library path and the config: conmon runs
+  ``podman container cleanup`` with its own environment when a container exits, and
+  without them that command fails and ``podman run`` waits 20 s for the exit code.
+* ``storage.conf`` (``$CONTAINERS_STORAGE_CONF``): overlay under ``workdir``.
+* ``registries.conf`` (empty) and ``policy.json`` (accept anything: the images are
+  local OCI archives, ``podman pull oci-archive:…``).
+
+bookworm's podman links libsubid and libgpgme, which a bookworm machine without
+podman lacks: they are unpacked too and found through ``LD_LIBRARY_PATH``.
+
+What podman 4.3 still does outside ``workdir``: it reads CDI specs only from
+``/etc/cdi`` and ``/var/run/cdi`` (no option before 5.5; the tests write a spec of
+their own there and remove it), and an image pull writes its blob-info cache to
+``/var/lib/containers/cache`` (c/common 0.51 moved it under the graph root). Containers
+run with ``--network none`` (no CNI, netavark or slirp needed) and explicit
+``--ulimit``s: podman's defaults (nofile 1048576) exceed these machines' hard limits.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import debs, runtimes
+from .images import Image
+
+__all__ = ["VERSION", "Binaries", "Podman", "fetch"]
+
+VERSION = "4.3.1"
+# package -> (suite, Debian version glob); see runtimes.py for why globs.
+_DEBS = {
+    "podman": ("bookworm", "4.3.1+ds1-*"),
+    "conmon": ("bookworm", "2.1.6+ds1-*"),
+    "golang-github-containers-common": ("bookworm", "0.50.1+ds1-*"),  # seccomp.json
+    "libsubid4": ("bookworm", "1:4.13+dfsg1-*"),
+    "libgpgme11": ("bookworm", "1.18.0-*"),
+    "libassuan0": ("bookworm", "2.5.5-*"),  # libgpgme's
+}
+_LIBDIR = "usr/lib/x86_64-linux-gnu"
+_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Where the unpacked podman and what it needs live."""
+
+    podman: Path
+    conmon: Path
+    runc: Path
+    seccomp: Path
+    library_path: str  # for LD_LIBRARY_PATH
+
+
+def fetch() -> Binaries:
+    """Unpack podman 4.3.1, conmon, libraries and runc (downloaded on first use).
+
+    Raises debs.DebUnavailable offline with nothing cached, debs.DebError otherwise.
+    """
+    roots = {pkg: debs.extract(pkg, suite, version) for pkg, (suite, version) in _DEBS.items()}
+    found = Binaries(
+        podman=roots["podman"] / "usr/bin/podman",
+        conmon=roots["conmon"] / "usr/bin/conmon",
+        runc=runtimes.fetch_runc(),
+        seccomp=roots["golang-github-containers-common"] / "usr/share/containers/seccomp.json",
+        library_path=":".join(str(roots[p] / _LIBDIR) for p in ("libsubid4", "libgpgme11", "libassuan0")),
+    )
+    for path in (found.podman, found.conmon, found.seccomp):
+        if not path.is_file():
+            raise debs.DebError(f"unpacked podman packages lack {path}")
+    return found
+
+
+def _toml_list(items: Sequence[str]) -> str:
+    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+
+def ulimits() -> list[str]:
+    """``--ulimit`` flags within this process's hard limits (podman's defaults are not)."""
+    flags = []
+    for name, which, want in (("nofile", resource.RLIMIT_NOFILE, 4096), ("nproc", resource.RLIMIT_NPROC, 4096)):
+        hard = resource.getrlimit(which)[1]
+        value = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        flags += ["--ulimit", f"{name}={value}:{value}"]
+    return flags
+
+
+class Podman:
+    """podman with a private root, run root, tmp dir and configuration under ``workdir``."""
+
+    def __init__(self, workdir: Path, binaries: Binaries | None = None) -> None:
+        self.workdir = workdir
+        self.bin = binaries or fetch()
+        self.version = VERSION
+        for sub in ("root", "run", "tmp", "net"):
+            (workdir / sub).mkdir(parents=True, exist_ok=True)
+        self.conf = workdir / "containers.conf"
+        self.storage_conf = workdir / "storage.conf"
+        self.registries_conf = workdir / "registries.conf"
+        self.policy = workdir / "policy.json"
+        self._write_config()
+
+    def _write_config(self) -> None:
+        w = self.workdir
+        conmon_env = [f"PATH={_PATH}", f"LD_LIBRARY_PATH={self.bin.library_path}",
+                      f"CONTAINERS_CONF={self.conf}", f"CONTAINERS_STORAGE_CONF={self.storage_conf}",
+                      f"CONTAINERS_REGISTRIES_CONF={self.registries_conf}"]
+        self.conf.write_text(f"""\
+[containers]
+seccomp_profile = {json.dumps(str(self.bin.seccomp))}
+
+[engine]
+cgroup_manager = "cgroupfs"
+conmon_path = {_toml_list([str(self.bin.conmon)])}
+conmon_env_vars = {_toml_list(conmon_env)}
+events_logger = "file"
+image_copy_tmp_dir = {json.dumps(str(w / "tmp"))}
+lock_type = "file"
+runtime = "runc"
+tmp_dir = {json.dumps(str(w / "tmp"))}
+
+[engine.runtimes]
+runc = {_toml_list([str(self.bin.runc)])}
+
+[network]
+network_config_dir = {json.dumps(str(w / "net"))}
+""")
+        self.storage_conf.write_text(f"""\
+[storage]
+driver = "overlay"
+graphroot = {json.dumps(str(w / "root"))}
+runroot = {json.dumps(str(w / "run"))}
+""")
+        self.registries_conf.write_text("")
+        self.policy.write_text(json.dumps({"default": [{"type": "insecureAcceptAnything"}]}))
+
+    def env(self) -> dict[str, str]:
+        return {
+            "PATH": _PATH,
+            "HOME": str(self.workdir),
+            "LD_LIBRARY_PATH": self.bin.library_path,
+            "CONTAINERS_CONF": str(self.conf),
+            "CONTAINERS_STORAGE_CONF": str(self.storage_conf),
+            "CONTAINERS_REGISTRIES_CONF": str(self.registries_conf),
+        }
+
+    def __call__(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run ``podman ARGS``; raise RuntimeError with its output if it fails and ``check``."""
+        done = subprocess.run([str(self.bin.podman), *args], env=self.env(), capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+        if check and done.returncode != 0:
+            raise RuntimeError(f"podman {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}")
+        return done
+
+    def load(self, image: Image) -> None:
+        """Store ``image`` (an OCI layout tar) under its name."""
+        pulled = self("pull", "--quiet", "--signature-policy", str(self.policy), f"oci-archive:{image.tar}")
+        self("tag", pulled.stdout.split()[-1], image.name)
+
+    def run(self, image: str, *command: str, options: Sequence[str] = (), check: bool = False,
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """``podman run --rm`` of ``image`` with the test bed's flags and ``options``."""
+        return self("run", "--rm", "--network", "none", *ulimits(), *options, image, *command,
+                    check=check, timeout=timeout)
+
+    def cleanup(self) -> None:
+        """Remove every container (a test may leave one behind)."""
+        self("rm", "--all", "--force", check=False)
+        for mount in ("root/overlay", "run"):  # nothing stays mounted, but be sure
+            path = self.workdir / mount
+            if os.path.ismount(path):
+                subprocess.run(["umount", "-l", str(path)], check=False)
