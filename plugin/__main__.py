@@ -3,7 +3,8 @@
 Commands: ``run`` (the NRI plugin), ``info`` (what discovery finds on this node),
 ``plan`` (what a container with the given env and pod annotations would get),
 ``config default``, ``install`` and ``uninstall`` (node setup, in ``setup_cli``),
-``cdi generate`` and ``hook start-container`` (the CDI path, in ``cdi_cli``).
+``cdi generate`` and ``hook start-container`` (the CDI path, in ``cdi_cli``; the
+console script, ``plugin.entry``, sends ``hook`` to ``engine.hookmain`` without importing this module).
 """
 
 from __future__ import annotations
@@ -243,14 +244,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return setup_cli.main(args)
     if args.command == "hook":
         # Everything comes from the arguments the CDI spec holds: no config file, no env.
-        try:
-            engine = EngineConfig().with_roots(
-                driver_root=args.driver_root, dev_root=args.dev_root, proc_root=args.proc_root
-            )
-        except EngineError as exc:
-            print(f"nri-gpu hook: {exc}", file=sys.stderr)
-            return 2
-        return cdi_cli.main(args, engine, sys.argv)
+        # (The console script sends ``nri-gpu hook`` to engine.hookmain before importing this module.)
+        return cdi_cli.start_container(args, sys.stdin)
     try:
         settings = load_config(args, environ)
         sock = preconnected_socket(environ) if args.command == "run" else None

@@ -17,21 +17,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import shutil
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engine import hookmain
 from engine.cdi import cdi_spec, hook_command, spec_warnings
 from engine.config import LD_CACHE_MODES, EngineConfig
 from engine.discover import discover
 from engine.errors import EngineError
-from engine.hook import HOOK_TIME_LIMIT, STATE_LIMIT, run_hook, time_limit, work_timeout
-from engine.model import Capability, NvmlSnapshot
+from engine.model import Capability
 from engine.request import parse_capabilities
 from plugin.config_files import FileRefused, Folder
 from plugin.hook_install import check_install
@@ -65,31 +63,7 @@ def add_commands(commands: Any, add_roots: Any) -> None:
     add_roots(cdi)
 
     hook = commands.add_parser("hook", help="OCI hooks run by the runtime (written into the CDI spec)")
-    hook.add_argument(
-        "action", choices=("start-container",), help="start-container: a createContainer hook, OCI state on stdin"
-    )
-    hook.add_argument("--capabilities", metavar="LIST", required=True, help="the capabilities the spec gives")
-    hook.add_argument("--ldconfig", metavar="PATH", help="the host's static ldconfig (default /sbin/ldconfig)")
-    hook.add_argument("--ld-cache", choices=LD_CACHE_MODES, help="merge (default) or rebuild the ld.so cache")
-    for flag in ("--driver-root", "--dev-root", "--proc-root"):
-        hook.add_argument(flag, metavar="DIR")
-    hook.add_argument(
-        "--time-limit",
-        metavar="SECONDS",
-        type=_seconds,
-        default=HOOK_TIME_LIMIT,
-        help=f"fail (exit 1) when not done after this long (default {HOOK_TIME_LIMIT:g})",
-    )
-
-
-def _seconds(value: str) -> float:
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds <= 3600:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds between 0 and 3600")
-    return seconds
+    hookmain.add_arguments(hook)
 
 
 def _capabilities(value: str | None, engine: EngineConfig) -> frozenset[Capability]:
@@ -172,48 +146,13 @@ def _hook_is_trusted(hook_path: str, allow: bool) -> bool:
     return allow
 
 
-def start_container(args: argparse.Namespace, engine: EngineConfig, stdin: Any) -> int:
-    # First: whatever follows may block (a stdin that never closes, a stuck file system).
-    with time_limit(args.time_limit):
-        return _start_container(args, engine, stdin, time.monotonic() + work_timeout(args.time_limit))
-
-
-def _start_container(args: argparse.Namespace, engine: EngineConfig, stdin: Any, deadline: float) -> int:
-    # runc starts the hook in the container's root; nothing of ours is looked up there.
-    os.chdir("/")
-    # Discovery's notes (a missing optional file) are not the runtime's business:
-    # only a failure, on stderr, which runc puts in the error it returns.
-    logging.basicConfig(level=logging.ERROR)
-    engine = _ld_cache_flags(args, engine)
-    try:
-        caps = _capabilities(args.capabilities, engine)
-        state = stdin.buffer.read(STATE_LIMIT + 1)
-        left = max(0.0, deadline - time.monotonic())
-        run_hook(
-            state,
-            engine,
-            caps,
-            lambda: discover(engine, cuda_version=_no_cuda_probe, nvml=_no_nvml_probe),
-            timeout=left,
-        )
-    except EngineError as exc:
-        print(f"nri-gpu hook: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _no_cuda_probe(driver_root: str) -> tuple[str | None, str | None]:
-    """The CUDA version only matters for requirements, which the hook does not check."""
-    return None, "not probed by the hook"
-
-
-def _no_nvml_probe(libnvml: str) -> tuple[NvmlSnapshot | None, str | None]:
-    """The hook finds MIG devices by their placement (the cap nodes the spec gave),
-    which needs procfs only: no NVML child at each container start."""
-    return None, "not probed by the hook"
+def start_container(args: argparse.Namespace, stdin: Any) -> int:
+    """``hook start-container`` (the ``nri-gpu`` console script sends it to
+    ``engine.hookmain`` without importing this module)."""
+    return hookmain.run(args, stdin)
 
 
 def main(args: argparse.Namespace, engine: EngineConfig, argv: Sequence[str]) -> int:
     if args.command == "cdi":
         return generate(args, engine, argv[0] if argv else "")
-    return start_container(args, engine, sys.stdin)
+    return start_container(args, sys.stdin)

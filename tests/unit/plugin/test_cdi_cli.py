@@ -168,16 +168,16 @@ def test_the_hook_never_runs_the_nvml_probe(
     MIG container's start must not pay for an NVML child inside the hook's limit."""
     from engine import discover as discover_module
     from engine.errors import EngineError
-    from plugin import cdi_cli
 
     mig = build_node(tmp_path / "node", gpus=2, mig={0: [(2, [0])]})
     seen = []
+    real = discover_module.discover
 
     def spy(config, **kw):  # type: ignore[no-untyped-def]
-        seen.append(discover_module.discover(config, **kw).mig)
+        seen.append(real(config, **kw).mig)
         raise EngineError("stop here")
 
-    monkeypatch.setattr(cdi_cli, "discover", spy)
+    monkeypatch.setattr(discover_module, "discover", spy)
     bundle = tmp_path / "bundle"
     (bundle / "rootfs").mkdir(parents=True)
     (bundle / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}, "linux": {"devices": []}}))

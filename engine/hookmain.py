@@ -1,0 +1,155 @@
+"""``nri-gpu hook start-container``: the CDI hook's own command line, light to import.
+
+The runtime runs the hook at every GPU container's start and waits for it, so
+the hook's process imports only what the start work needs: argparse, the
+engine's discovery, planning and start actions. Not the rest of the command
+line (``plugin.__main__``: asyncio, protobuf, the NRI stub, tomlkit), which
+would cost a GPU container ~100 ms of imports for a few ms of work
+(``docs/performance.md``, "The CDI hook's start"). ``plugin.entry`` sends
+``nri-gpu hook ...`` here before it imports anything else; ``nri-gpu cdi``'s
+parser shares ``add_arguments`` and ``run``.
+
+Everything comes from the arguments the CDI spec holds: no config file, no
+environment. The hook bounds its own run (``--time-limit``), reads at most
+``STATE_LIMIT`` + 1 bytes of stdin, and runs neither the CUDA nor the NVML
+probe. Exit codes: 0 done, 1 refused (the message says why), 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+from engine.cdi import HOOK_TIME_LIMIT
+from engine.config import LD_CACHE_MODES, EngineConfig
+from engine.errors import EngineError
+from engine.model import NvmlSnapshot
+from engine.request import parse_capabilities
+
+__all__ = ["ACTIONS", "add_arguments", "main", "run"]
+
+ACTIONS = ("start-container",)
+# What the start work imports, without the ``engine.start`` package's __init__:
+# that one re-exports the NRI path's forked runner, which imports asyncio.
+_BARE_PACKAGES = ("engine.start",)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The hook's arguments (the action first), as the CDI spec writes them."""
+    parser.add_argument("action", choices=ACTIONS, help="start-container: a createContainer hook, OCI state on stdin")
+    parser.add_argument("--capabilities", metavar="LIST", required=True, help="the capabilities the spec gives")
+    parser.add_argument("--ldconfig", metavar="PATH", help="the host's static ldconfig (default /sbin/ldconfig)")
+    parser.add_argument("--ld-cache", choices=LD_CACHE_MODES, help="merge (default) or rebuild the ld.so cache")
+    for flag in ("--driver-root", "--dev-root", "--proc-root"):
+        parser.add_argument(flag, metavar="DIR")
+    parser.add_argument(
+        "--time-limit",
+        metavar="SECONDS",
+        type=_seconds,
+        default=HOOK_TIME_LIMIT,
+        help=f"fail (exit 1) when not done after this long (default {HOOK_TIME_LIMIT:g})",
+    )
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= 3600:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds between 0 and 3600")
+    return seconds
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "nri-gpu hook") -> int:
+    """``nri-gpu hook ARGS``: ``argv`` is ARGS (default ``sys.argv[2:]``)."""
+    parser = argparse.ArgumentParser(prog=prog, description="OCI hooks run by the runtime (written into the CDI spec)")
+    add_arguments(parser)
+    args = parser.parse_args(sys.argv[2:] if argv is None else argv)
+    return run(args, sys.stdin)
+
+
+def run(args: argparse.Namespace, stdin: TextIO) -> int:
+    """Do ``args.action`` (start-container) with the OCI state on ``stdin``."""
+    _without_package_init()
+    # After that: engine.hook imports the start actions, engine.discover may.
+    from engine.hook import time_limit, work_timeout
+
+    # First: whatever follows may block (a stdin that never closes, a stuck file system).
+    with time_limit(args.time_limit):
+        deadline = time.monotonic() + work_timeout(args.time_limit)
+        try:
+            engine = EngineConfig().with_roots(
+                driver_root=args.driver_root,
+                dev_root=args.dev_root,
+                proc_root=args.proc_root,
+                ldconfig=args.ldconfig,
+                ld_cache=args.ld_cache,
+            )
+        except EngineError as exc:
+            print(f"nri-gpu hook: {exc}", file=sys.stderr)
+            return 2
+        return _start_container(args.capabilities, engine, stdin, deadline)
+
+
+def _start_container(capabilities: str, engine: EngineConfig, stdin: TextIO, deadline: float) -> int:
+    from engine.discover import discover
+    from engine.hook import STATE_LIMIT, run_hook
+
+    # runc starts the hook in the container's root; nothing of ours is looked up there.
+    os.chdir("/")
+    # Discovery's notes (a missing optional file) are not the runtime's business:
+    # only a failure, on stderr, which runc puts in the error it returns.
+    logging.basicConfig(level=logging.ERROR)
+    try:
+        caps = parse_capabilities(capabilities, legacy_image=False, what="--capabilities ")
+        caps &= engine.policy.capabilities
+        state = stdin.buffer.read(STATE_LIMIT + 1)
+        left = max(0.0, deadline - time.monotonic())
+        run_hook(
+            state,
+            engine,
+            caps,
+            lambda: discover(engine, cuda_version=_no_cuda_probe, nvml=_no_nvml_probe),
+            timeout=left,
+        )
+    except EngineError as exc:
+        print(f"nri-gpu hook: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _no_cuda_probe(driver_root: str) -> tuple[str | None, str | None]:
+    """The CUDA version only matters for requirements, which the hook does not check."""
+    return None, "not probed by the hook"
+
+
+def _no_nvml_probe(libnvml: str) -> tuple[NvmlSnapshot | None, str | None]:
+    """The hook finds MIG devices by their placement (the cap nodes the spec gave),
+    which needs procfs only: no NVML child at each container start."""
+    return None, "not probed by the hook"
+
+
+def _without_package_init() -> None:
+    """Register the packages of ``_BARE_PACKAGES`` without running their
+    ``__init__``, so that importing a module of theirs imports that module alone.
+
+    Only where nothing imported them yet (the hook's own process): in a process
+    that has the package, it stays as it is. The package is found as any import
+    finds it (the same ``sys.path``), only not executed."""
+    for name in _BARE_PACKAGES:
+        if name in sys.modules:
+            continue
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.submodule_search_locations is None:
+            continue
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        parent, _, child = name.rpartition(".")
+        setattr(sys.modules[parent], child, module)
