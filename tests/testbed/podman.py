@@ -159,7 +159,7 @@ runroot = {json.dumps(str(w / "run"))}
     def __call__(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run ``podman ARGS``; raise RuntimeError with its output if it fails and ``check``."""
         done = subprocess.run([str(self.bin.podman), *args], env=self.env(), capture_output=True, text=True,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+                              errors="replace", timeout=timeout, stdin=subprocess.DEVNULL)
         if check and done.returncode != 0:
             raise RuntimeError(f"podman {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}")
         return done
