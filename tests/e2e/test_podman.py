@@ -96,6 +96,8 @@ def spec(podman: Podman, node: SimNode) -> Iterator[dict[str, Any]]:
         if foreign:
             _cannot_run(f"{', '.join(foreign)} already define nvidia.com/gpu in {CDI_DIR}: "
                         "a second spec there would cancel both")
+        for stale in CDI_DIR.glob("nri-gpu-test-*.json"):  # a killed session's: it would cancel ours
+            stale.unlink(missing_ok=True)
         created = not CDI_DIR.exists()
         CDI_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
         path = CDI_DIR / f"nri-gpu-test-{os.getpid()}.json"
