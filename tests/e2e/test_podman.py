@@ -35,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from tests.testbed import debs, hostile, images
+from tests.testbed import cudart, debs, hostile, images
 from tests.testbed.cache import cache_dir
 from tests.testbed.gpunode import SimNode
 from tests.testbed.images import GLIBC
@@ -248,3 +248,22 @@ def test_start_time_with_and_without_a_gpu(podman: Podman, spec: dict[str, Any])
     print(f"podman {podman.version} run --rm p50: plain {p50['plain'] * 1000:.0f} ms, "
           f"--device nvidia.com/gpu=0 {p50['gpu'] * 1000:.0f} ms")
     assert p50["gpu"] < 10, p50
+
+
+def test_cuda_runtime_wheel_finds_the_driver(podman: Podman, spec: dict[str, Any]) -> None:
+    """NVIDIA's libcudart (the nvidia-cuda-runtime-cu12 wheel) finds libcuda.so.1 through
+    the container's ld.so cache: ``cudaDriverGetVersion`` gives 550's 12040, not 0."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("the CUDA runtime probe needs gcc, which this machine lacks")
+    try:
+        image = cudart.cudart_image(gcc)
+    except subprocess.CalledProcessError as exc:  # offline, nothing cached
+        _cannot_run(f"cannot get the nvidia-cuda-runtime-cu12 wheel or build the probe: {exc}")
+    podman.load(image)
+    done = podman.run(cudart.IMAGE, "/probe", options=["--device", "nvidia.com/gpu=0"])
+    assert done.returncode == 0, done
+    assert done.stdout.split()[:2] == ["driver", str(cudart.DRIVER_API)], done.stdout
+    plain = podman.run(cudart.IMAGE, "/probe")  # the control: without the GPU no driver is found
+    assert plain.stdout.split()[:2] == ["driver", "0"], plain.stdout
+    print(f"with the GPU: {done.stdout.strip()}; without: {plain.stdout.strip()}")
