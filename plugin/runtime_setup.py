@@ -20,6 +20,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,9 @@ import tomlkit
 import tomlkit.exceptions
 from tomlkit.items import Table
 
-from plugin.config import DEFAULT_SOCKET
+from plugin.config import DEFAULT_NAME, DEFAULT_SOCKET
 from plugin.config_files import Folder
+from plugin.events import parse_version
 
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 CRIO_DROPIN_DIR = "/etc/crio/crio.conf.d"
@@ -39,6 +41,14 @@ NRI_HEADER = f'[plugins."{NRI_TABLE}"]'
 BACKUP_SUFFIX = ".nri-gpu-orig"
 RECORD_SUFFIX = ".nri-gpu.json"
 RUNTIMES = ("containerd", "crio")
+VALIDATOR = "default_validator"
+VALIDATOR_HEADER = f'[plugins."{NRI_TABLE}".{VALIDATOR}]'
+# The annotation that lets a pod start while a required plugin is missing: our own
+# DaemonSet pod must carry it (it starts before nri-gpu is there to be required).
+TOLERATE_ANNOTATION = "tolerate-missing-nri-plugins.noderesource.dev"
+# The first release whose NRI (v0.10) has the default validator and validating plugins.
+FAIL_CLOSED_SINCE = {"containerd": (2, 2, 0), "crio": (1, 34, 0)}
+_RUNTIME_LABEL = {"containerd": "containerd", "crio": "CRI-O"}
 
 
 class SetupError(Exception):
@@ -65,7 +75,61 @@ class Result:
     warnings: list[str] = dataclasses.field(default_factory=list)
 
 
+@dataclasses.dataclass(frozen=True)
+class FailClosed:
+    """The runtime's default validator, set to refuse a container while ``plugin``
+    is not registered; a pod annotated ``<tolerate_annotation>: "true"`` is exempt."""
+
+    plugin: str = DEFAULT_NAME
+    tolerate_annotation: str = TOLERATE_ANNOTATION
+
+
 # ---------------------------------------------------------------- text layer (pure)
+
+
+_CRIO_VERSION_RE = re.compile(r"^(?:crio version|Version:)\s+(\S+)", re.IGNORECASE | re.MULTILINE)
+
+
+def parse_runtime_version(runtime: str, output: str) -> tuple[int, int, int] | None:
+    """The release in the output of ``containerd --version`` or ``crio --version``.
+
+    ``containerd github.com/containerd/containerd/v2 v2.2.0 1c4457e0``,
+    ``containerd github.com/containerd/containerd 1.7.24~ds1 1.7.24~ds1-6+b1``,
+    ``crio version 1.34.0`` (or a ``Version:  1.34.0`` line) -> (2, 2, 0) ...;
+    None when the output is not one of those.
+    """
+    if runtime == "containerd":
+        words = output.split()
+        return parse_version(words[2]) if len(words) >= 3 and words[0] == "containerd" else None
+    found = _CRIO_VERSION_RE.search(output)
+    return parse_version(found.group(1)) if found else None
+
+
+def fail_closed_for(
+    runtime: str, version: tuple[int, int, int] | None, why_unknown: str, plugin: str = DEFAULT_NAME
+) -> tuple[FailClosed | None, str]:
+    """Whether to write the default validator config for ``runtime`` at ``version``,
+    and the sentence that says so (or why not: an older release has no such keys,
+    and an unknown one is not guessed, ``why_unknown`` says why it is unknown)."""
+    label, since = _RUNTIME_LABEL[runtime], FAIL_CLOSED_SINCE[runtime]
+    first = ".".join(map(str, since))
+    if version is None:
+        return None, (
+            f"fail-closed: not set up: could not tell the {label} version ({why_unknown}); it needs {label} >= "
+            f"{first}: pass --runtime-version to set it up"
+        )
+    shown = ".".join(map(str, version))
+    if version < since:
+        return None, (
+            f"fail-closed: not set up: {label} {shown} has no NRI default validator (new in {label} {first}); "
+            "a GPU container created while nri-gpu is not connected starts without its GPUs"
+        )
+    return FailClosed(plugin), (
+        f"fail-closed: {label} {shown} refuses to create a container while {plugin} is not registered "
+        f"(required_plugins); pods annotated {TOLERATE_ANNOTATION}: \"true\" are exempt"
+    )
+
+
 
 
 def _parse(text: str, source: str) -> tomlkit.TOMLDocument:
@@ -125,8 +189,12 @@ def _defaults(version: int) -> dict[str, Any]:
     return {"disable": version == 2, "disable_connections": False, "socket_path": DEFAULT_SOCKET}
 
 
-def containerd_changes(text: str, socket: str | None = None, source: str = "config") -> list[Change]:
-    """The keys that must change for NRI to be on (and listening on ``socket``)."""
+def containerd_changes(
+    text: str, socket: str | None = None, source: str = "config", fail_closed: FailClosed | None = None
+) -> list[Change]:
+    """The keys that must change for NRI to be on (and listening on ``socket``), and,
+    with ``fail_closed``, for the default validator to require the plugin. Keys of
+    the validator table are named ``default_validator.<key>``."""
     version = containerd_version(text, source)
     table = _nri_table(_parse(text, source), source)
     want: dict[str, Any] = {"disable": False, "disable_connections": False}
@@ -134,12 +202,45 @@ def containerd_changes(text: str, socket: str | None = None, source: str = "conf
         want["socket_path"] = socket
     changes = []
     for key, value in want.items():
-        old = None if table is None else table.get(key)
-        if old is not None and hasattr(old, "unwrap"):
-            old = old.unwrap()
+        old = _get(table, key)
         effective = _defaults(version)[key] if old is None else old
         if effective != value:
             changes.append(Change(key, old, value))
+    if fail_closed is not None:
+        changes += _validator_changes(table, fail_closed, source)
+    return changes
+
+
+def _get(table: Any, key: str) -> Any:
+    """``key`` (dotted: ``default_validator.enable``) of the NRI table, unwrapped; None when absent."""
+    for part in key.split("."):
+        if not isinstance(table, Mapping):
+            return None
+        table = table.get(part)
+    return table.unwrap() if table is not None and hasattr(table, "unwrap") else table
+
+
+def _validator_changes(table: Any, want: FailClosed, source: str) -> list[Change]:
+    """Enable the validator, add our name to ``required_plugins`` (a name already
+    there, bare or as ``<idx>-<name>``, is enough: the runtime matches both), and
+    name the toleration annotation unless the admin named one."""
+    sub = None if table is None else table.get(VALIDATOR)
+    if sub is not None and not isinstance(sub, Mapping):
+        raise SetupError(f"{source}: {VALIDATOR_HEADER} is not a table")
+    changes = []
+    enable = _get(table, f"{VALIDATOR}.enable")
+    if enable is not True:
+        changes.append(Change(f"{VALIDATOR}.enable", enable, True))
+    required = _get(table, f"{VALIDATOR}.required_plugins")
+    if required is not None and not (isinstance(required, list) and all(isinstance(n, str) for n in required)):
+        raise SetupError(f"{source}: {VALIDATOR_HEADER} required_plugins is not a list of names")
+    names = list(required or [])
+    ours = re.compile(rf"(?:[0-9]{{2}}-)?{re.escape(want.plugin)}")
+    if not any(ours.fullmatch(n) for n in names):
+        changes.append(Change(f"{VALIDATOR}.required_plugins", required, [*names, want.plugin]))
+    tolerate = _get(table, f"{VALIDATOR}.tolerate_missing_plugins_annotation")
+    if not tolerate:
+        changes.append(Change(f"{VALIDATOR}.tolerate_missing_plugins_annotation", tolerate, want.tolerate_annotation))
     return changes
 
 
@@ -147,28 +248,36 @@ def containerd_enable(text: str, changes: list[Change], source: str = "config") 
     """Apply ``changes`` (from ``containerd_changes``); the rest of the text is kept as is."""
     if not changes:
         return text
-    doc = _parse(text, source)
-    table = _nri_table(doc, source)
-    if table is None:
-        # Appended as text: the whole file before it stays byte for byte.
-        block = "".join(f"  {c.key} = {tomlkit.item(c.new).as_string()}\n" for c in changes)
-        sep = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
-        out = f"{text}{sep}{NRI_HEADER}\n{block}"
-    else:
-        for change in changes:
-            table[change.key] = change.new
-        out = doc.as_string()
+    out = text
+    for header, path, group in (
+        (NRI_HEADER, (), [c for c in changes if "." not in c.key]),
+        (VALIDATOR_HEADER, (VALIDATOR,), [c for c in changes if c.key.startswith(f"{VALIDATOR}.")]),
+    ):
+        if group:
+            out = _set_keys(out, header, path, group, source)
     _check_applied(out, changes, source)
     return out
+
+
+def _set_keys(text: str, header: str, path: tuple[str, ...], changes: list[Change], source: str) -> str:
+    doc = _parse(text, source)
+    table = _nri_table(doc, source)
+    for part in path:
+        table = None if table is None else table.get(part)
+    if table is None:
+        # Appended as text: the whole file before it stays byte for byte.
+        block = "".join(f"  {c.key.rpartition('.')[2]} = {tomlkit.item(c.new).as_string()}\n" for c in changes)
+        sep = "" if not text or text.endswith("\n\n") else ("\n" if text.endswith("\n") else "\n\n")
+        return f"{text}{sep}{header}\n{block}"
+    for change in changes:
+        table[change.key.rpartition(".")[2]] = change.new
+    return doc.as_string()
 
 
 def _check_applied(text: str, changes: list[Change], source: str) -> None:
     table = _nri_table(_parse(text, source), source)
     for change in changes:
-        got = None if table is None else table.get(change.key)
-        if got is not None and hasattr(got, "unwrap"):
-            got = got.unwrap()
-        if got != change.new:
+        if _get(table, change.key) != change.new:
             raise SetupError(f"{source}: could not set {NRI_HEADER} {change.key} (internal error)")
 
 
@@ -184,17 +293,20 @@ def containerd_revert(text: str, changes: list[Change], source: str = "config") 
     if table is None:
         return text, [f"{source}: {NRI_HEADER} is gone; nothing of ours to revert"]
     for change in changes:
-        current = table.get(change.key)
-        if current is not None and hasattr(current, "unwrap"):
-            current = current.unwrap()
-        if current != change.new:
+        current = _get(table, change.key)
+        owner, _, key = change.key.rpartition(".")
+        holder = table.get(owner) if owner else table
+        if current != change.new or not isinstance(holder, Mapping):
             warnings.append(
                 f"{source}: {NRI_HEADER} {change.key} is now {current!r}, not the {change.new!r} we set; left as is"
             )
         elif change.old is None:
-            del table[change.key]
+            del holder[key]  # type: ignore[attr-defined]
         else:
-            table[change.key] = change.old
+            holder[key] = change.old  # type: ignore[index]
+    sub = table.get(VALIDATOR)
+    if isinstance(sub, Mapping) and len(sub) == 0 and any(c.key.startswith(f"{VALIDATOR}.") for c in changes):
+        del table[VALIDATOR]
     if len(table) == 0:
         plugins = doc["plugins"]
         assert isinstance(plugins, Mapping)
@@ -204,12 +316,16 @@ def containerd_revert(text: str, changes: list[Change], source: str = "config") 
     return doc.as_string(), warnings
 
 
-def containerd_new_file(socket: str | None) -> str:
+def containerd_new_file(socket: str | None, fail_closed: FailClosed | None = None) -> str:
     """A minimal config for a node that has none (version 2 is read by 1.7 and 2.x)."""
     lines = ["# Written by nri-gpu install; removed by nri-gpu uninstall.", "version = 2", "", NRI_HEADER]
     lines += ["  disable = false", "  disable_connections = false"]
     if socket is not None:
         lines.append(f"  socket_path = {tomlkit.item(socket).as_string()}")
+    if fail_closed is not None:
+        lines += ["", VALIDATOR_HEADER]
+        lines += [f"  {c.key.partition('.')[2]} = {tomlkit.item(c.new).as_string()}" for c in _validator_changes(
+            None, fail_closed, "new file")]
     return "\n".join(lines) + "\n"
 
 
@@ -219,24 +335,47 @@ _DROPIN_HEAD = (
 )
 
 
-def crio_dropin(socket: str | None) -> str:
-    """The CRI-O drop-in that turns NRI on (and sets its socket when given)."""
+def crio_dropin(socket: str | None, fail_closed: FailClosed | None = None) -> str:
+    """The CRI-O drop-in that turns NRI on (and sets its socket when given), and
+    with ``fail_closed`` its default validator (``[crio.nri.default_validator]``,
+    CRI-O >= 1.34: internal/config/nri/nri.go)."""
     text = _DROPIN_HEAD + "[crio.nri]\nenable_nri = true\n"
     if socket is not None:
         text += f"nri_listen = {tomlkit.item(socket).as_string()}\n"
+    if fail_closed is not None:
+        text += (
+            "\n# Fail closed: refuse a container while nri-gpu is not registered (CRI-O >= 1.34).\n"
+            "# This list replaces the one of any file CRI-O reads before this one.\n"
+            f"[crio.nri.{VALIDATOR}]\n"
+            "nri_enable_default_validator = true\n"
+            f"nri_validator_required_plugins = {tomlkit.item([fail_closed.plugin]).as_string()}\n"
+            "nri_validator_tolerate_missing_plugins_annotation = "
+            f"{tomlkit.item(fail_closed.tolerate_annotation).as_string()}\n"
+        )
     return text
 
 
 def crio_dropin_is_ours(text: str) -> bool:
-    """Whether ``text`` is exactly a drop-in we write (for some socket)."""
+    """Whether ``text`` is exactly a drop-in we write (for some socket and validator)."""
     try:
         nri = tomlkit.parse(text).unwrap().get("crio", {}).get("nri", {})
     except (tomlkit.exceptions.ParseError, AttributeError):
         return False
-    socket = nri.get("nri_listen") if isinstance(nri, dict) else None
+    if not isinstance(nri, dict):
+        return False
+    socket = nri.get("nri_listen")
     if socket is not None and not isinstance(socket, str):
         return False
-    return text == crio_dropin(socket)
+    validator = nri.get(VALIDATOR)
+    if validator is None:
+        return text == crio_dropin(socket)
+    plugins = validator.get("nri_validator_required_plugins") if isinstance(validator, dict) else None
+    tolerate = validator.get("nri_validator_tolerate_missing_plugins_annotation") if plugins else None
+    if not (isinstance(plugins, list) and len(plugins) == 1 and isinstance(plugins[0], str)):
+        return False
+    if not isinstance(tolerate, str):
+        return False
+    return text == crio_dropin(socket, FailClosed(plugins[0], tolerate))
 
 
 def unified_diff(before: str | None, after: str | None, path: Path) -> str:
@@ -258,7 +397,14 @@ def _sha(data: bytes) -> str:
 
 _CONFIG_LINK = "nri-gpu edits only a regular file: point --config at the real file"
 _OURS_LINK = "nri-gpu wrote a regular file there and follows no link; remove it by hand"
-_KEYS = {"disable": bool, "disable_connections": bool, "socket_path": str}
+_KEYS = {
+    "disable": bool,
+    "disable_connections": bool,
+    "socket_path": str,
+    f"{VALIDATOR}.enable": bool,
+    f"{VALIDATOR}.required_plugins": list,
+    f"{VALIDATOR}.tolerate_missing_plugins_annotation": str,
+}
 
 
 def _decode(data: bytes, path: Path) -> str:
@@ -319,8 +465,11 @@ def _parse_change(value: object) -> Change:
     kind = _KEYS.get(key) if isinstance(key, str) else None
     if kind is None:
         raise ValueError(f"{str(key)[:50]!r} is not a key nri-gpu sets")
-    if not isinstance(new, kind) or not (old is None or isinstance(old, (bool, int, float, str))):
+    if not isinstance(new, kind) or not (old is None or isinstance(old, (bool, int, float, str, list))):
         raise ValueError(f"the values of {key!r} have the wrong type")
+    for value in (old, new):
+        if isinstance(value, list) and not all(isinstance(v, str) for v in value):
+            raise ValueError(f"the values of {key!r} have the wrong type")
     return Change(key, old, new)
 
 
@@ -338,22 +487,28 @@ def _merged(first: Record, changes: list[Change]) -> list[Change]:
     return kept + [Change(c.key, before.get(c.key, c.old), c.new) for c in now.values()]
 
 
-def install_containerd(path: Path, socket: str | None, dry_run: bool = False) -> Result:
+def install_containerd(
+    path: Path, socket: str | None, dry_run: bool = False, fail_closed: FailClosed | None = None
+) -> Result:
     with Folder(path.parent, create=not dry_run) as folder:
-        return _install_containerd(folder, path, socket, dry_run)
+        return _install_containerd(folder, path, socket, dry_run, fail_closed)
 
 
-def _install_containerd(folder: Folder, path: Path, socket: str | None, dry_run: bool) -> Result:
+def _install_containerd(
+    folder: Folder, path: Path, socket: str | None, dry_run: bool, fail_closed: FailClosed | None
+) -> Result:
     found = folder.read(path.name, if_link=_CONFIG_LINK)
     record = _load_record(folder, path)
     if found is None:
-        text = containerd_new_file(socket)
+        text = containerd_new_file(socket, fail_closed)
         result = Result(path, True, [f"{path}: created with NRI enabled ({NRI_HEADER} disable = false)"])
         result.diff = unified_diff(None, text, path)
         if not dry_run:
             written = [Change("disable", None, False), Change("disable_connections", None, False)]
             if socket is not None:
                 written.append(Change("socket_path", None, socket))
+            if fail_closed is not None:
+                written += _validator_changes(None, fail_closed, str(path))
             folder.write(record_path(path).name, Record(True, written, _sha(text.encode())).to_bytes())
             folder.write(path.name, text.encode())
         return result
@@ -361,7 +516,7 @@ def _install_containerd(folder: Folder, path: Path, socket: str | None, dry_run:
     before = _decode(data, path)
     version = containerd_version(before, str(path))
     check_cri_enabled(before, str(path))
-    changes = containerd_changes(before, socket, str(path))
+    changes = containerd_changes(before, socket, str(path), fail_closed)
     if not changes:
         if record is not None:
             return Result(
@@ -449,22 +604,30 @@ def _uninstall_containerd(folder: Folder, path: Path, dry_run: bool) -> Result:
     return result
 
 
-def install_crio(dropin_dir: Path, socket: str | None, dry_run: bool = False) -> Result:
+def install_crio(
+    dropin_dir: Path, socket: str | None, dry_run: bool = False, fail_closed: FailClosed | None = None
+) -> Result:
     path = dropin_dir / CRIO_DROPIN_NAME
-    text = crio_dropin(socket)
+    text = crio_dropin(socket, fail_closed)
+    what = "[crio.nri] enable_nri = true" + (
+        f", [crio.nri.{VALIDATOR}] nri_enable_default_validator = true" if fail_closed else ""
+    )
     with Folder(dropin_dir, create=not dry_run) as folder:
         found = folder.read(CRIO_DROPIN_NAME, if_link=_OURS_LINK)
+        before = None
         if found is not None:
             if found[0] == text.encode():
-                return Result(
-                    path, False, [f"{path}: already set up ([crio.nri] enable_nri = true); nothing to change"]
+                return Result(path, False, [f"{path}: already set up ({what}); nothing to change"])
+            before = found[0].decode(errors="replace")
+            # Ours from an earlier install (another socket, with or without the
+            # validator): the file is ours to rewrite; anything else is not.
+            if not crio_dropin_is_ours(before):
+                raise SetupError(
+                    f"{path}: exists with other content; not overwriting it "
+                    f"(run nri-gpu uninstall --runtime crio, or remove it, then install again)"
                 )
-            raise SetupError(
-                f"{path}: exists with other content; not overwriting it "
-                f"(run nri-gpu uninstall --runtime crio, or remove it, then install again)"
-            )
-        result = Result(path, True, [f"{path}: created ([crio.nri] enable_nri = true)"])
-        result.diff = unified_diff(None, text, path)
+        result = Result(path, True, [f"{path}: {'created' if before is None else 'rewritten'} ({what})"])
+        result.diff = unified_diff(before, text, path)
         if not dry_run:
             folder.write(CRIO_DROPIN_NAME, text.encode())
         return result
@@ -487,10 +650,12 @@ def uninstall_crio(dropin_dir: Path, dry_run: bool = False) -> Result:
         return result
 
 
-def install(runtime: str, config: Path | None, socket: str | None, dry_run: bool = False) -> Result:
+def install(
+    runtime: str, config: Path | None, socket: str | None, dry_run: bool = False, fail_closed: FailClosed | None = None
+) -> Result:
     if runtime == "containerd":
-        return install_containerd(config or Path(CONTAINERD_CONFIG), socket, dry_run)
-    return install_crio(config or Path(CRIO_DROPIN_DIR), socket, dry_run)
+        return install_containerd(config or Path(CONTAINERD_CONFIG), socket, dry_run, fail_closed)
+    return install_crio(config or Path(CRIO_DROPIN_DIR), socket, dry_run, fail_closed)
 
 
 def uninstall(runtime: str, config: Path | None, dry_run: bool = False) -> Result:

@@ -9,25 +9,32 @@ command to run is printed.
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from plugin.config import DEFAULT_NAME
 from plugin.config_doc import default_config
 from plugin.config_files import FileRefused
+from plugin.events import parse_version
 from plugin.runtime_setup import (
     CONTAINERD_CONFIG,
     CRIO_DROPIN_DIR,
     RUNTIMES,
+    FailClosed,
     Result,
     SetupError,
+    fail_closed_for,
     install,
+    parse_runtime_version,
     uninstall,
 )
 
 COMMANDS = ("config", "install", "uninstall")
 _SERVICE = {"containerd": "containerd", "crio": "crio"}
+_BINARY = {"containerd": "containerd", "crio": "crio"}
 
 
 def add_commands(commands: Any) -> None:
@@ -47,6 +54,23 @@ def add_commands(commands: Any) -> None:
         cmd.add_argument("--config", metavar="PATH", type=Path, help=where)
         if name == "install":
             cmd.add_argument("--socket", metavar="PATH", help="NRI socket the runtime should listen on")
+            cmd.add_argument(
+                "--runtime-version",
+                metavar="VERSION",
+                help="the runtime's release (default: asked from its binary on PATH); containerd >= 2.2 and "
+                "CRI-O >= 1.34 also get the NRI default validator set to require the plugin",
+            )
+            cmd.add_argument(
+                "--plugin-name",
+                default=DEFAULT_NAME,
+                metavar="NAME",
+                help=f"the plugin name the runtime is to require (default {DEFAULT_NAME}; the plugin's name setting)",
+            )
+            cmd.add_argument(
+                "--no-fail-closed",
+                action="store_true",
+                help="do not set up the default validator (containers may then be created while nri-gpu is away)",
+            )
         cmd.add_argument("--dry-run", action="store_true", help="print the diff; write nothing")
         cmd.add_argument("--restart", action="store_true", help="run systemctl restart for the runtime afterwards")
 
@@ -60,13 +84,43 @@ def _report(result: Result, dry_run: bool) -> None:
         print(f"nri-gpu: warning: {warning}", file=sys.stderr)
 
 
+def _fail_closed(args: argparse.Namespace) -> tuple[FailClosed | None, str]:
+    """Whether install sets up the default validator, and the line that says why (not)."""
+    if args.no_fail_closed:
+        return None, "fail-closed: not set up (--no-fail-closed)"
+    version, why = None, ""
+    if args.runtime_version is not None:
+        given = args.runtime_version.split()
+        version = parse_version(given[0]) if len(given) == 1 else None
+        why = f"--runtime-version {args.runtime_version!r} is not a version"
+    else:
+        version, why = _detect(args.runtime)
+    return fail_closed_for(args.runtime, version, why, args.plugin_name)
+
+
+def _detect(runtime: str) -> tuple[tuple[int, int, int] | None, str]:
+    """The runtime's release from ``<binary> --version``; None and why not."""
+    binary = shutil.which(_BINARY[runtime])
+    if binary is None:
+        return None, f"{_BINARY[runtime]} is not on PATH"
+    try:
+        done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{binary} --version: {exc}"
+    version = parse_runtime_version(runtime, done.stdout)
+    first = (done.stdout.strip().splitlines() or [""])[0][:100]
+    return version, f"{binary} --version said {first!r}"
+
+
 def main(args: argparse.Namespace) -> int:
     if args.command == "config":
         sys.stdout.write(default_config())
         return 0
     try:
         if args.command == "install":
-            result = install(args.runtime, args.config, args.socket, args.dry_run)
+            fail_closed, why = _fail_closed(args)
+            result = install(args.runtime, args.config, args.socket, args.dry_run, fail_closed)
+            result.messages.append(why)
         else:
             result = uninstall(args.runtime, args.config, args.dry_run)
     except (SetupError, FileRefused) as exc:
