@@ -18,7 +18,6 @@ probe. Exit codes: 0 done, 1 refused (the message says why), 2 usage error.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import sys
@@ -35,9 +34,6 @@ from engine.request import parse_capabilities
 __all__ = ["ACTIONS", "add_arguments", "main", "run"]
 
 ACTIONS = ("start-container",)
-# What the start work imports, without the ``engine.start`` package's __init__:
-# that one re-exports the NRI path's forked runner, which imports asyncio.
-_BARE_PACKAGES = ("engine.start",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,8 +73,6 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "nri-gpu hook") -> in
 
 def run(args: argparse.Namespace, stdin: TextIO) -> int:
     """Do ``args.action`` (start-container) with the OCI state on ``stdin``."""
-    _without_package_init()
-    # After that: engine.hook imports the start actions, engine.discover may.
     from engine.hook import time_limit, work_timeout
 
     # First: whatever follows may block (a stdin that never closes, a stuck file system).
@@ -134,22 +128,3 @@ def _no_nvml_probe(libnvml: str) -> tuple[NvmlSnapshot | None, str | None]:
     """The hook finds MIG devices by their placement (the cap nodes the spec gave),
     which needs procfs only: no NVML child at each container start."""
     return None, "not probed by the hook"
-
-
-def _without_package_init() -> None:
-    """Register the packages of ``_BARE_PACKAGES`` without running their
-    ``__init__``, so that importing a module of theirs imports that module alone.
-
-    Only where nothing imported them yet (the hook's own process): in a process
-    that has the package, it stays as it is. The package is found as any import
-    finds it (the same ``sys.path``), only not executed."""
-    for name in _BARE_PACKAGES:
-        if name in sys.modules:
-            continue
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.submodule_search_locations is None:
-            continue
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        parent, _, child = name.rpartition(".")
-        setattr(sys.modules[parent], child, module)

@@ -8,15 +8,43 @@ entries merged into the image's, or rebuilt by the host's static ldconfig, confi
 Failures raise ``engine.errors.StartError``.
 """
 
-from engine.start.runner import (
-    DEFAULT_LDCONFIG,
-    DEFAULT_TIMEOUT,
-    find_init_pid,
-    run_start,
-    run_start_async,
-    shows_driver_view,
-)
-from engine.start.work import StartReport, StartWork, start_work
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names as the type checker sees them; loaded lazily below
+    from engine.start.runner import (
+        DEFAULT_LDCONFIG,
+        DEFAULT_TIMEOUT,
+        find_init_pid,
+        run_start,
+        run_start_async,
+        shows_driver_view,
+    )
+    from engine.start.work import StartReport, StartWork, start_work
+
+# Loaded on first use (PEP 562): the CDI hook imports ``engine.start.actions``
+# and must not pay for the NRI path's forked runner, which imports asyncio.
+_EXPORTS = {
+    "DEFAULT_LDCONFIG": "engine.start.runner",
+    "DEFAULT_TIMEOUT": "engine.start.runner",
+    "find_init_pid": "engine.start.runner",
+    "run_start": "engine.start.runner",
+    "run_start_async": "engine.start.runner",
+    "shows_driver_view": "engine.start.runner",
+    "StartReport": "engine.start.work",
+    "StartWork": "engine.start.work",
+    "start_work": "engine.start.work",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine.start' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "DEFAULT_LDCONFIG",
