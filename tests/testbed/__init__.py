@@ -14,6 +14,11 @@ Modules (stdlib plus grpcio/protobuf; nothing is installed on the host):
 * ``gpunode``    a simulated GPU node: real NVIDIA 550.163.01 files from Debian, fake /proc and /dev
 * ``ldcaches``   ld.so.cache files (new, old, compat, hwcaps) written by the real ldconfig
 * ``bundle``     OCI bundles run by runc alone: containers in the "created" state (NRI StartContainer)
+* ``nvmlsim``    a simulated libnvidia-ml (C, compiled here) answering from a MIG node's description
+* ``podman``     podman 4.3.1 (bookworm) with private storage and config, runc, cgroupfs
+* ``cudart``     NVIDIA's CUDA runtime wheel (pinned) and an image with a probe that calls it
+* ``cudacompat`` Debian experimental's libcuda 555.58.02 as an image's cuda-compat folder
+* ``vulkan_image`` an image with Debian's Vulkan loader and a probe compiled here
 
 ``hack/fetch-runtimes`` fills the cache; ``tests/e2e/conftest.py`` holds the fixtures;
 ``hack/simulate-gpu-node`` builds a simulated GPU node by hand.
