@@ -66,10 +66,18 @@ def add_commands(commands: Any) -> None:
                 metavar="NAME",
                 help=f"the plugin name the runtime is to require (default {DEFAULT_NAME}; the plugin's name setting)",
             )
-            cmd.add_argument(
+            closed = cmd.add_mutually_exclusive_group()
+            closed.add_argument(
+                "--fail-closed",
+                action="store_true",
+                help="containerd >= 2.2, CRI-O >= 1.34: set the NRI default validator to require the plugin, so "
+                "that no container is created while it is away (every container of the node: tolerate system "
+                "pods first, README 'Fail-closed')",
+            )
+            closed.add_argument(
                 "--no-fail-closed",
                 action="store_true",
-                help="do not set up the default validator (containers may then be created while nri-gpu is away)",
+                help="do not set up the default validator (the default)",
             )
         cmd.add_argument("--dry-run", action="store_true", help="print the diff; write nothing")
         cmd.add_argument("--restart", action="store_true", help="run systemctl restart for the runtime afterwards")
@@ -88,6 +96,13 @@ def _fail_closed(args: argparse.Namespace) -> tuple[FailClosed | None, str]:
     """Whether install sets up the default validator, and the line that says why (not)."""
     if args.no_fail_closed:
         return None, "fail-closed: not set up (--no-fail-closed)"
+    if not args.fail_closed:
+        # Opt-in: a required plugin holds back every container of the node while it is
+        # away, CNI and kube-proxy pods included, which can keep a node from coming back.
+        return None, (
+            "fail-closed: not set up; --fail-closed makes the runtime refuse every container while nri-gpu is "
+            "away (README: Fail-closed on the newest runtimes)"
+        )
     version, why = None, ""
     if args.runtime_version is not None:
         given = args.runtime_version.split()

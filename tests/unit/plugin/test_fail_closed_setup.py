@@ -106,6 +106,14 @@ def crio_nri(text: str) -> dict[str, Any]:
 
 
 def cli(*args: str) -> int:
+    """The command as a user runs it; fail-closed is opt-in, so install here asks for it
+    unless the test says otherwise (``plain_cli`` for the default)."""
+    if args and args[0] == "install" and "--no-fail-closed" not in args:
+        args = (*args, "--fail-closed")
+    return main(list(args), environ={})
+
+
+def plain_cli(*args: str) -> int:
     return main(list(args), environ={})
 
 
@@ -131,10 +139,15 @@ WANT = {"enable": True, "required_plugins": ["nri-gpu"], "tolerate_missing_plugi
 @pytest.mark.parametrize(
     ("runtime", "output", "version"),
     [
-        pytest.param("containerd", "containerd github.com/containerd/containerd/v2 v2.2.0 1c4457e0\n", (2, 2, 0), id="2.2"),
+        pytest.param(
+            "containerd", "containerd github.com/containerd/containerd/v2 v2.2.0 1c4457e0\n", (2, 2, 0), id="2.2"
+        ),
         pytest.param("containerd", "containerd containerd.io 1.7.27 05044ec0\n", (1, 7, 27), id="docker-io"),
         pytest.param(
-            "containerd", "containerd github.com/containerd/containerd 1.7.24~ds1 1.7.24~ds1-6+b1\n", (1, 7, 24), id="debian"
+            "containerd",
+            "containerd github.com/containerd/containerd 1.7.24~ds1 1.7.24~ds1-6+b1\n",
+            (1, 7, 24),
+            id="debian",
         ),
         pytest.param("containerd", "something else\n", None, id="garbage"),
         pytest.param("containerd", "", None, id="empty"),
@@ -217,7 +230,7 @@ def test_dry_run_shows_the_validator_and_writes_nothing(tmp_path: Path, capsys: 
     args = ("install", "--runtime", "containerd", "--config", str(config), "--runtime-version", "2.3.0", "--dry-run")
     assert cli(*args) == 0
     out = capsys.readouterr().out
-    assert f"+[plugins.\"{NRI_TABLE}\".default_validator]" in out and '+  required_plugins = ["nri-gpu"]' in out
+    assert f'+[plugins."{NRI_TABLE}".default_validator]' in out and '+  required_plugins = ["nri-gpu"]' in out
     assert "dry run: nothing written" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"] and config.read_text() == V3
 
@@ -225,19 +238,33 @@ def test_dry_run_shows_the_validator_and_writes_nothing(tmp_path: Path, capsys: 
 def test_no_fail_closed_leaves_the_validator_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "config.toml"
     config.write_text(V3)
-    assert cli("install", "--runtime", "containerd", "--config", str(config), "--runtime-version", "2.2.0",
-               "--no-fail-closed") == 0
+    assert (
+        cli(
+            "install",
+            "--runtime",
+            "containerd",
+            "--config",
+            str(config),
+            "--runtime-version",
+            "2.2.0",
+            "--no-fail-closed",
+        )
+        == 0
+    )
     assert "fail-closed: not set up (--no-fail-closed)" in capsys.readouterr().out
     assert config.read_text() == V3
 
 
-ADMIN = V3 + """
+ADMIN = (
+    V3
+    + """
     [plugins.'io.containerd.nri.v1.nri'.default_validator]
       enable = false   # the admin's
       reject_oci_hook_adjustment = false
       required_plugins = ['policy-agent']
       tolerate_missing_plugins_annotation = 'example.com/tolerate-nri'
 """
+)
 
 
 def test_an_admins_validator_keeps_its_keys_and_gets_our_name_added(tmp_path: Path) -> None:
@@ -409,3 +436,14 @@ def test_backup_path_is_unchanged_by_fail_closed(tmp_path: Path) -> None:
     config.write_text(V3)
     assert cli("install", "--runtime", "containerd", "--config", str(config), "--runtime-version", "2.2.0") == 0
     assert backup_path(config).read_text() == V3
+
+
+def test_fail_closed_is_opt_in(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A required plugin holds back every container of the node while it is away (CNI and
+    kube-proxy pods too): install sets it up only when asked, and says how."""
+    config = tmp_path / "config.toml"
+    config.write_text(V3)
+    assert plain_cli("install", "--runtime", "containerd", "--config", str(config), "--runtime-version", "2.2.0") == 0
+    out = capsys.readouterr().out
+    assert "fail-closed: not set up; --fail-closed makes the runtime refuse every container" in out, out
+    assert "default_validator" not in config.read_text()
