@@ -1,0 +1,142 @@
+"""The CDI path on Docker 28.5.2 (Debian sid): ``docker run --device nvidia.com/gpu=…``.
+
+Docker never reaches NRI (it is no CRI client): dockerd injects from
+``nri-gpu cdi generate``'s spec itself (CDI on by default from 28.2) and runc runs
+our ``createContainer`` hook. dockerd runs from the test bed (tests/testbed/docker.py)
+over a private containerd 2.1.9 and runc 1.1.5, with its own data and exec roots,
+no network set-up, ``cgroupfs``, and ``cdi-spec-dirs`` naming a private folder: the
+module's spec goes there, so nothing is written to ``/etc/cdi`` or ``/var/run/cdi``
+and no lock is needed.
+
+Each container is one ``docker run --rm --network none`` whose script prints what the
+checks read (VIEW of test_podman): the device nodes, ``/proc/driver/nvidia/gpus``,
+``ldconfig -p``, the user and ``NVIDIA_VISIBLE_DEVICES``. The container must get
+what the NRI path gives: exactly its GPU's ``/dev/nvidia<minor>`` and the control
+nodes, that GPU's procfs entry only, libcuda in the ld.so cache.
+
+``--gpus`` is no CDI request before Docker 29.2 (and there only with NVIDIA's
+``nvidia-cdi-hook`` on dockerd's PATH, which nri-gpu does not ship): on 28.5 it fails
+with "could not select device driver", spec or not, which the module checks so the
+README's advice (``--device``) stays true.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.testbed import debs, images
+from tests.testbed.docker import Docker
+from tests.testbed.gpunode import SimNode
+from tests.testbed.images import GLIBC
+
+from .conftest import NRI_GPU, _cannot_run, _preflight
+from .test_podman import SEP, VIEW, assert_gpus
+
+
+@pytest.fixture(scope="module")
+def docker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Docker]:
+    """A private dockerd with the glibc image loaded."""
+    reason = _preflight()
+    if reason:
+        _cannot_run(reason)
+    try:
+        dk = Docker(tmp_path_factory.mktemp("docker"))
+    except debs.DebUnavailable as exc:
+        _cannot_run(f"cannot download docker.io and docker-cli and nothing is cached: {exc}")
+    dk.start()
+    try:
+        dk.load(images.glibc_image())
+        yield dk
+    finally:
+        dk.stop()
+
+
+@pytest.fixture(scope="module")
+def spec(docker: Docker, node: SimNode) -> dict[str, Any]:
+    """The node's spec in dockerd's private ``cdi-spec-dirs`` folder."""
+    path = docker.cdi_dir / "nri-gpu.json"
+    done = subprocess.run([NRI_GPU, "cdi", "generate", *node.flags(), "--output", str(path),
+                           "--allow-untrusted-hook"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    spec: dict[str, Any] = json.loads(path.read_text())
+    return spec
+
+
+def run_view(docker: Docker, device: str, *options: str) -> list[str]:
+    """The sections of VIEW, from a container with ``--device nvidia.com/gpu=<device>``."""
+    done = docker.run(GLIBC, "sh", "-c", VIEW, options=["--device", f"nvidia.com/gpu={device}", *options])
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split(SEP + "\n")[1:]
+
+
+def test_daemon_reads_only_the_private_spec_dir(docker: Docker) -> None:
+    info = json.loads(docker("info", "--format", "{{json .CDISpecDirs}}").stdout)
+    assert info == [str(docker.cdi_dir)], info
+
+
+@pytest.mark.parametrize("index", [0, 3])
+def test_gpu_by_index(docker: Docker, spec: dict[str, Any], node: SimNode, index: int) -> None:
+    sections = run_view(docker, str(index))
+    assert_gpus(sections, [node.gpus[index]])
+    assert sections[4].strip() == "void"  # an nri-gpu plugin leaves the container alone
+
+
+def test_gpu_by_uuid(docker: Docker, spec: dict[str, Any], node: SimNode) -> None:
+    assert_gpus(run_view(docker, node.gpus[1].uuid), [node.gpus[1]])
+
+
+def test_all_gpus(docker: Docker, spec: dict[str, Any], node: SimNode) -> None:
+    assert_gpus(run_view(docker, "all"), list(node.gpus))
+
+
+def test_no_device_no_gpu(docker: Docker, spec: dict[str, Any]) -> None:
+    done = docker.run(GLIBC, "sh", "-c", VIEW)
+    sections = done.stdout.split(SEP + "\n")[1:]
+    assert sections[0].split() == [] and sections[1].split() == [], done.stdout
+    assert "libcuda" not in sections[2], sections[2]
+
+
+def test_read_only_root(docker: Docker, spec: dict[str, Any], node: SimNode) -> None:
+    """``--read-only``: the hook does its work before runc makes the root read-only;
+    the container still cannot write its root."""
+    assert_gpus(run_view(docker, "0", "--read-only"), [node.gpus[0]])
+    done = docker.run(GLIBC, "sh", "-c", "touch /etc/x", options=["--read-only", "--device", "nvidia.com/gpu=0"])
+    assert done.returncode != 0 and "Read-only file system" in done.stderr + done.stdout, done
+
+
+def test_non_root_user(docker: Docker, spec: dict[str, Any], node: SimNode) -> None:
+    sections = run_view(docker, "0", "--user", "1000:1000")
+    assert_gpus(sections, [node.gpus[0]])
+    assert sections[3].strip() == "1000"
+
+
+def test_unknown_device_refused(docker: Docker, spec: dict[str, Any]) -> None:
+    done = docker.run(GLIBC, "true", options=["--device", "nvidia.com/gpu=99"])
+    assert done.returncode != 0 and "nvidia.com/gpu=99" in done.stderr, done
+
+
+def test_gpus_flag_is_no_cdi_request_before_29_2(docker: Docker, spec: dict[str, Any]) -> None:
+    """Docker 28.5 has no NVIDIA ``--gpus`` driver without NVIDIA's binaries on its PATH."""
+    done = docker.run(GLIBC, "true", options=["--gpus", "all"])
+    assert done.returncode != 0 and "could not select device driver" in done.stderr, done
+
+
+def test_start_time_with_and_without_a_gpu(docker: Docker, spec: dict[str, Any]) -> None:
+    """p50 of ``docker run --rm`` without and with ``--device nvidia.com/gpu=0``,
+    printed (``-s``) for the README; a loose bound catches a hook that hangs."""
+    p50 = {}
+    for label, options in (("plain", []), ("gpu", ["--device", "nvidia.com/gpu=0"])):
+        runs = []
+        for _ in range(10):
+            start = time.monotonic()
+            assert docker.run(GLIBC, "true", options=options).returncode == 0
+            runs.append(time.monotonic() - start)
+        p50[label] = sorted(runs)[len(runs) // 2]
+    print(f"docker {docker.version} run --rm p50: plain {p50['plain'] * 1000:.0f} ms, "
+          f"--device nvidia.com/gpu=0 {p50['gpu'] * 1000:.0f} ms")
+    assert p50["gpu"] < 10, p50
