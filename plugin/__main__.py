@@ -21,13 +21,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from engine.config import EngineConfig
-from engine.discover import discover
+from engine.discover import InventoryCache, discover
 from engine.errors import EngineError
 from engine.plan import plan
 from engine.report import inventory_text, inventory_to_dict, plan_text, plan_to_dict
 from engine.request import ContainerInfo, parse_request
 from engine.start.actions import identity_blind_spots
-from plugin import cdi_cli, setup_cli
+from plugin import cdi_cli, cdi_keeper, setup_cli
+from plugin.cdi_keeper import WatchedInventory
 from plugin.config import (
     DEFAULT_INDEX,
     DEFAULT_METRICS_ADDRESS,
@@ -80,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help=f'where /healthz and /metrics listen, "" for nowhere (default {DEFAULT_METRICS_ADDRESS})',
     )
+    run.add_argument(
+        "--cdi-spec",
+        metavar="PATH",
+        help="keep a CDI spec current at PATH (e.g. /etc/cdi/nri-gpu.json; config [cdi] spec; default none)",
+    )
     _add_common(run)
 
     info = commands.add_parser("info", help="show the node's GPUs, driver and libraries as discovery sees them")
@@ -130,7 +136,8 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Setting
         )
     except EngineError as exc:
         raise ConfigError(str(exc).replace("engine.", "--").replace("_root", "-root")) from exc
-    return Settings(plugin, engine)
+    cdi = settings.cdi.with_overrides(spec=getattr(args, "cdi_spec", None))
+    return Settings(plugin, engine, cdi)
 
 
 def preconnected_socket(environ: Mapping[str, str]) -> socket.socket | None:
@@ -147,7 +154,7 @@ async def _run(settings: Settings, sock: socket.socket | None) -> None:
     config = settings.plugin
     # Discovery once, before connecting: the first request must not pay for it.
     metrics = PluginMetrics()
-    plugin = GpuPlugin(settings.engine, metrics=metrics)
+    plugin = GpuPlugin(settings.engine, _inventory(settings), metrics=metrics)
     stub = Stub(plugin, config, preconnected=sock, metrics=metrics)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -168,6 +175,19 @@ async def _run(settings: Settings, sock: socket.socket | None) -> None:
         if status is not None:
             await status.stop()
     logger.info("nri-gpu stopped")
+
+
+def _inventory(settings: Settings) -> InventoryCache:
+    """The node's inventory (taken now); with ``[cdi] spec``, also kept in that spec."""
+    if not settings.cdi.spec:
+        return InventoryCache(settings.engine)
+    keeper = cdi_keeper.keeper_for(settings.cdi, settings.engine, sys.argv[0] if sys.argv else "")
+    if keeper is None:
+        return InventoryCache(settings.engine)
+    cache = WatchedInventory(settings.engine, listener=keeper.changed)
+    keeper.changed(cache.current)
+    keeper.start(cache)
+    return cache
 
 
 async def _start_status_server(address: str, stub: Stub, metrics: PluginMetrics) -> StatusServer | None:

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from engine import hookmain
-from engine.cdi import cdi_spec, hook_command, spec_warnings
+from engine.cdi import HookCommand, cdi_spec, hook_command, spec_warnings
 from engine.config import LD_CACHE_MODES, EngineConfig
 from engine.discover import discover
 from engine.errors import EngineError
-from engine.model import Capability
+from engine.model import Capability, Inventory
 from engine.request import parse_capabilities
+from plugin.cdi_conflicts import conflicts
 from plugin.config_files import FileRefused, Folder
 from plugin.hook_install import check_install
 
@@ -66,7 +67,13 @@ def add_commands(commands: Any, add_roots: Any) -> None:
     hookmain.add_arguments(hook)
 
 
-def _capabilities(value: str | None, engine: EngineConfig) -> frozenset[Capability]:
+def spec_text(inventory: Inventory, engine: EngineConfig, caps: frozenset[Capability], hook: HookCommand) -> str:
+    """The spec file's text (raises DiscoveryError on a node without GPUs)."""
+    return json.dumps(cdi_spec(inventory, engine, caps, hook), indent=2) + "\n"
+
+
+def capabilities(value: str | None, engine: EngineConfig) -> frozenset[Capability]:
+    """The capabilities a spec gives: ``value`` (default utility,compute) within the policy's."""
     caps = parse_capabilities(value, legacy_image=False, what="--capabilities ")
     return caps & engine.policy.capabilities
 
@@ -91,10 +98,10 @@ def generate(args: argparse.Namespace, engine: EngineConfig, argv0: str) -> int:
     if not _hook_is_trusted(hook_path, args.allow_untrusted_hook):
         return 1
     try:
-        caps = _capabilities(args.capabilities, engine)
+        caps = capabilities(args.capabilities, engine)
         hook = hook_command(hook_path, engine, caps)
         inventory = discover(engine)
-        text = json.dumps(cdi_spec(inventory, engine, caps, hook), indent=2) + "\n"
+        text = spec_text(inventory, engine, caps, hook)
     except (EngineError, ValueError) as exc:
         print(f"nri-gpu: {exc}", file=sys.stderr)
         return 1
@@ -105,6 +112,9 @@ def generate(args: argparse.Namespace, engine: EngineConfig, argv0: str) -> int:
     if args.output is None:
         sys.stdout.write(text)
         return 0
+    # Written anyway (asked for by hand), but never silently beside another producer's.
+    for conflict in conflicts(args.output):
+        print(f"nri-gpu: warning: {conflict.message}", file=sys.stderr)
     # Written whole and renamed over the name: a runtime watching the spec
     # directory never reads half a spec.
     output = Path(args.output)

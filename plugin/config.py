@@ -1,7 +1,7 @@
 """Plugin settings: what ``nri-gpu run`` needs to reach the runtime.  (pure)
 
 Values come from three places, later ones winning: built-in defaults, the
-config file (TOML, table ``[plugin]``), command-line flags. The runtime-launched
+config file (TOML, tables ``[plugin]`` and ``[cdi]``), command-line flags. The runtime-launched
 form (``NRI_PLUGIN_*`` env) is applied by ``__main__`` on top. Every value is
 validated here so a typo fails at start with the key named, not at registration
 with the runtime's terser message.
@@ -129,8 +129,47 @@ def from_mapping(table: Mapping[str, Any]) -> PluginConfig:
     return PluginConfig(**values)
 
 
-# Top-level tables of the config file: the plugin's, and the engine's roots and policy.
-_TABLES = ("plugin", "engine", "policy")
+@dataclasses.dataclass(frozen=True)
+class CdiConfig:
+    """The CDI spec ``nri-gpu run`` keeps current (``plugin.cdi_keeper``)."""
+
+    # Absolute path of the spec file; "" keeps none.
+    spec: str = ""
+    # Absolute path of the nri-gpu the spec's hook runs; "" for this one.
+    hook_path: str = ""
+    # Write the spec even when users other than root can change the hook's files (tests only).
+    allow_untrusted_hook: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("spec", "hook_path"):
+            value = getattr(self, key)
+            if value and not value.startswith("/"):
+                raise ConfigError(f"cdi.{key}: {value!r} must be an absolute path")
+        if self.spec and not self.spec.endswith(".json"):
+            raise ConfigError(
+                f"cdi.spec: {self.spec!r} must end in .json (nri-gpu writes JSON; the CDI cache reads .json and .yaml)"
+            )
+
+    def with_overrides(self, **values: Any) -> CdiConfig:
+        return dataclasses.replace(self, **{k: v for k, v in values.items() if v is not None})
+
+
+_CDI_TYPES: dict[str, type] = {"spec": str, "hook_path": str, "allow_untrusted_hook": bool}
+
+
+def cdi_from_mapping(table: Mapping[str, Any]) -> CdiConfig:
+    """Build from the ``[cdi]`` table; unknown keys and wrong types raise ConfigError."""
+    for key, value in table.items():
+        kind = _CDI_TYPES.get(key)
+        if kind is None:
+            raise ConfigError(f"cdi.{key}: unknown setting (known: {', '.join(sorted(_CDI_TYPES))})")
+        if not isinstance(value, kind) or (kind is str and isinstance(value, bool)):
+            raise ConfigError(f"cdi.{key}: expected {kind.__name__}, got {value!r}")
+    return CdiConfig(**dict(table))
+
+
+# Top-level tables of the config file: the plugin's, the engine's roots and policy, the kept CDI spec.
+_TABLES = ("plugin", "engine", "policy", "cdi")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +178,7 @@ class Settings:
 
     plugin: PluginConfig = dataclasses.field(default_factory=PluginConfig)
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+    cdi: CdiConfig = dataclasses.field(default_factory=CdiConfig)
 
 
 def from_toml(text: str, *, source: str = "config") -> Settings:
@@ -160,4 +200,4 @@ def from_toml(text: str, *, source: str = "config") -> Settings:
         engine = from_tables(tables["engine"], tables["policy"])
     except EngineConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from exc
-    return Settings(from_mapping(tables["plugin"]), engine)
+    return Settings(from_mapping(tables["plugin"]), engine, cdi_from_mapping(tables["cdi"]))

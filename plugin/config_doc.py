@@ -16,7 +16,7 @@ from plugin.config import DEFAULT_INDEX, DEFAULT_NAME, DEFAULT_SOCKET
 
 @dataclass(frozen=True)
 class Option:
-    table: str  # "plugin", "engine" or "policy"
+    table: str  # "plugin", "engine", "policy" or "cdi"
     key: str
     default: str  # the default, written as a TOML value
     doc: str  # one or more lines, each becomes a comment line
@@ -224,13 +224,39 @@ OPTIONS: tuple[Option, ...] = (
         "the log says why not. Security: the folder is image data, read in the container's\n"
         "root by descriptor, bounded; false leaves it unread.",
     ),
+    Option(
+        "cdi",
+        "spec",
+        '""',
+        "A CDI spec for nerdctl, podman and other CDI users that nri-gpu run keeps current:\n"
+        "written at start and whenever the node's inventory changes, removed when the driver\n"
+        'or its GPUs are gone; "" keeps none. Suggested: "/etc/cdi/nri-gpu.json".\n'
+        "Its folder must be root's alone. Another spec of kind nvidia.com/gpu in the same\n"
+        "folder (NVIDIA's nvidia-cdi-refresh writes /var/run/cdi/nvidia.yaml) would make\n"
+        "the CDI cache drop both: then none is written (ours is removed) and the log says\n"
+        "why. In /etc/cdi a /var/run/cdi spec of that kind wins, and the log says so.",
+    ),
+    Option(
+        "cdi",
+        "hook_path",
+        '""',
+        'Absolute path of the nri-gpu whose hook the spec names; "" for this one.',
+    ),
+    Option(
+        "cdi",
+        "allow_untrusted_hook",
+        "false",
+        "Write the spec even when users other than root can change what its hook runs.\n"
+        "Security: the hook runs as root at every GPU container start; tests only.",
+    ),
 )
 
-TABLES = ("plugin", "engine", "policy")
+TABLES = ("plugin", "engine", "policy", "cdi")
 _TABLE_DOCS = {
     "plugin": "How the plugin reaches the runtime. Flags (--socket, --name, --index, --log-level, --log-format, --metrics-address) override these.",
     "engine": "Where the node's files are. Flags --driver-root, --dev-root, --proc-root override these.",
     "policy": "Who may ask for GPUs, and how.",
+    "cdi": "The CDI spec nri-gpu run keeps current. The flag --cdi-spec overrides spec.",
 }
 
 HEADER = (

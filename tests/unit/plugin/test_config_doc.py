@@ -10,7 +10,7 @@ import tomlkit
 
 from engine.config import EngineConfig, Policy
 from plugin.__main__ import main
-from plugin.config import PluginConfig, Settings, from_toml
+from plugin.config import CdiConfig, PluginConfig, Settings, from_toml
 from plugin.config_doc import OPTIONS, TABLES, default_config
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -25,6 +25,7 @@ def test_every_setting_is_documented_once_and_nothing_else() -> None:
         "plugin": {f.name for f in dataclasses.fields(PluginConfig)},
         "engine": {f.name for f in dataclasses.fields(EngineConfig)} - {"policy"},
         "policy": {f.name for f in dataclasses.fields(Policy)},
+        "cdi": {f.name for f in dataclasses.fields(CdiConfig)},
     }
     listed = [(o.table, o.key) for o in OPTIONS]
     assert len(listed) == len(set(listed)), "an option is listed twice"
@@ -53,6 +54,7 @@ def test_every_key_is_in_the_text_with_a_comment_above() -> None:
         "ldconfig",
         "metrics_address",
         "mps",
+        "allow_untrusted_hook",
     ],
 )
 def test_security_relevant_options_say_so(key: str) -> None:
