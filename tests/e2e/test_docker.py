@@ -1,8 +1,11 @@
-"""The CDI path on Docker 28.5.2 (Debian sid): ``docker run --device nvidia.com/gpu=…``.
+"""The CDI path on Docker 28.5.2 (Debian sid) and 26.1.5 (trixie):
+``docker run --device nvidia.com/gpu=…``.
 
 Docker never reaches NRI (it is no CRI client): dockerd injects from
-``nri-gpu cdi generate``'s spec itself (CDI on by default from 28.2) and runc runs
-our ``createContainer`` hook. dockerd runs from the test bed (tests/testbed/docker.py)
+``nri-gpu cdi generate``'s spec itself and runc runs our ``createContainer`` hook.
+CDI is on by default from 28.2; 25.0 to 28.1 need ``"features": {"cdi": true}``,
+which the test bed sets for 26.1.5, and test_cdi_without_the_features_key checks
+both sides of that line. dockerd runs from the test bed (tests/testbed/docker.py)
 over a private containerd 2.1.9 and runc 1.1.5, with its own data and exec roots,
 no network set-up, ``cgroupfs``, and ``cdi-spec-dirs`` naming a private folder: the
 module's spec goes there, so nothing is written to ``/etc/cdi`` or ``/var/run/cdi``
@@ -15,9 +18,9 @@ what the NRI path gives: exactly its GPU's ``/dev/nvidia<minor>`` and the contro
 nodes, that GPU's procfs entry only, libcuda in the ld.so cache.
 
 ``--gpus`` is no CDI request before Docker 29.2 (and there only with NVIDIA's
-``nvidia-cdi-hook`` on dockerd's PATH, which nri-gpu does not ship): on 28.5 it fails
-with "could not select device driver", spec or not, which the module checks so the
-README's advice (``--device``) stays true.
+``nvidia-cdi-hook`` on dockerd's PATH, which nri-gpu does not ship): on 28.5 and
+26.1 it fails with "could not select device driver", spec or not, which the module
+checks so the README's advice (``--device``) stays true.
 """
 from __future__ import annotations
 
@@ -25,12 +28,13 @@ import json
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.testbed import debs, images
-from tests.testbed.docker import Docker
+from tests.testbed.docker import VERSIONS, Docker
 from tests.testbed.gpunode import SimNode
 from tests.testbed.images import GLIBC
 
@@ -38,33 +42,44 @@ from .conftest import NRI_GPU, _cannot_run, _preflight
 from .test_podman import SEP, VIEW, assert_gpus
 
 
-@pytest.fixture(scope="module")
-def docker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Docker]:
-    """A private dockerd with the glibc image loaded."""
+def _started(workdir: Path, version: str, **options: Any) -> Docker:
+    """A started private dockerd with the glibc image loaded (skips when it cannot be had)."""
     reason = _preflight()
     if reason:
         _cannot_run(reason)
     try:
-        dk = Docker(tmp_path_factory.mktemp("docker"))
+        dk = Docker(workdir, version, **options)
     except debs.DebUnavailable as exc:
-        _cannot_run(f"cannot download docker.io and docker-cli and nothing is cached: {exc}")
+        _cannot_run(f"cannot download docker.io and docker-cli {version} and nothing is cached: {exc}")
     dk.start()
     try:
         dk.load(images.glibc_image())
-        yield dk
-    finally:
+    except BaseException:
         dk.stop()
+        raise
+    return dk
 
 
-@pytest.fixture(scope="module")
-def spec(docker: Docker, node: SimNode) -> dict[str, Any]:
-    """The node's spec in dockerd's private ``cdi-spec-dirs`` folder."""
+@pytest.fixture(scope="module", params=VERSIONS, ids=[f"docker-{v.rpartition('.')[0]}" for v in VERSIONS])
+def docker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Docker]:
+    dk = _started(tmp_path_factory.mktemp("docker"), request.param)
+    yield dk
+    dk.stop()
+
+
+def _write_spec(docker: Docker, node: SimNode) -> dict[str, Any]:
     path = docker.cdi_dir / "nri-gpu.json"
     done = subprocess.run([NRI_GPU, "cdi", "generate", *node.flags(), "--output", str(path),
                            "--allow-untrusted-hook"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     spec: dict[str, Any] = json.loads(path.read_text())
     return spec
+
+
+@pytest.fixture(scope="module")
+def spec(docker: Docker, node: SimNode) -> dict[str, Any]:
+    """The node's spec in dockerd's private ``cdi-spec-dirs`` folder."""
+    return _write_spec(docker, node)
 
 
 def run_view(docker: Docker, device: str, *options: str) -> list[str]:
@@ -77,6 +92,22 @@ def run_view(docker: Docker, device: str, *options: str) -> list[str]:
 def test_daemon_reads_only_the_private_spec_dir(docker: Docker) -> None:
     info = json.loads(docker("info", "--format", "{{json .CDISpecDirs}}").stdout)
     assert info == [str(docker.cdi_dir)], info
+
+
+def test_cdi_without_the_features_key(docker: Docker, node: SimNode,
+                                      tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Without ``"features": {"cdi": true}`` 28.2+ injects (CDI on by default) and
+    earlier versions refuse ``--device nvidia.com/gpu=0`` (what the README says)."""
+    plain = _started(tmp_path_factory.mktemp("docker-no-features"), docker.version, features={})
+    try:
+        _write_spec(plain, node)
+        done = plain.run(GLIBC, "true", options=["--device", "nvidia.com/gpu=0"])
+    finally:
+        plain.stop()
+    if docker.features:  # the test bed needs the key for this version
+        assert done.returncode != 0 and 'could not select device driver "cdi"' in done.stderr, done
+    else:
+        assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.parametrize("index", [0, 3])
@@ -121,7 +152,7 @@ def test_unknown_device_refused(docker: Docker, spec: dict[str, Any]) -> None:
 
 
 def test_gpus_flag_is_no_cdi_request_before_29_2(docker: Docker, spec: dict[str, Any]) -> None:
-    """Docker 28.5 has no NVIDIA ``--gpus`` driver without NVIDIA's binaries on its PATH."""
+    """Docker before 29.2 has no NVIDIA ``--gpus`` driver without NVIDIA's binaries on its PATH."""
     done = docker.run(GLIBC, "true", options=["--gpus", "all"])
     assert done.returncode != 0 and "could not select device driver" in done.stderr, done
 

@@ -16,7 +16,7 @@ Modules (stdlib plus grpcio/protobuf; nothing is installed on the host):
 * ``bundle``     OCI bundles run by runc alone: containers in the "created" state (NRI StartContainer)
 * ``nvmlsim``    a simulated libnvidia-ml (C, compiled here) answering from a MIG node's description
 * ``podman``     podman 4.3.1 (bookworm) with private storage and config, runc, cgroupfs
-* ``docker``     dockerd and docker 28.5.2 (sid) over a private containerd, private roots and CDI dir
+* ``docker``     dockerd and docker 28.5.2 (sid), 26.1.5 (trixie) over a private containerd and CDI dir
 * ``cudart``     NVIDIA's CUDA runtime wheel (pinned) and an image with a probe that calls it
 * ``cudacompat`` Debian experimental's libcuda 555.58.02 as an image's cuda-compat folder
 * ``vulkan_image`` an image with Debian's Vulkan loader and a probe compiled here

@@ -1,4 +1,5 @@
-"""Docker 28.5.2 from Debian sid for the end-to-end tests, private to one workdir.
+"""Docker 28.5.2 (Debian sid) and 26.1.5 (trixie) for the end-to-end tests, private to
+one workdir.
 
 Nothing is installed: ``docker.io`` (dockerd) and ``docker-cli`` are unpacked into the
 cache (tests/testbed/debs.py) and run as they are (Go, glibc >= 2.34 and libsystemd,
@@ -15,8 +16,8 @@ mounts, its cgroup tree) also covers Docker's containers. Everything else is und
   cgroup tree (the test bed removes it);
 * ``default-ulimits`` within this process's hard limits (Docker's defaults exceed them);
 * ``cdi-spec-dirs``: a private spec folder, so nothing is written to ``/etc/cdi`` or
-  ``/var/run/cdi``; and ``"features": {"cdi": true}`` (28.2 and later have it on by
-  default; 25.0 to 28.1 need the key).
+  ``/var/run/cdi``; and, below 28.2 only, ``"features": {"cdi": true}``: 25.0 to 28.1
+  need the key, 28.2 and later have CDI on by default (``features`` overrides both).
 
 What dockerd still does outside ``workdir``: it makes ``/run/docker/plugins`` (the
 plugin-socket folder, whatever the exec-root), removed again when it was not there
@@ -44,14 +45,17 @@ from . import debs, hostops
 from .containerd import Containerd
 from .images import Image
 
-__all__ = ["VERSION", "Binaries", "Docker", "DockerError", "fetch", "reap_stale"]
+__all__ = ["VERSION", "VERSIONS", "Binaries", "Docker", "DockerError", "fetch", "reap_stale"]
 
-VERSION = "28.5.2"
-# package -> (suite, Debian version glob); see runtimes.py for why globs.
+# Docker version -> (suite, Debian version glob) of docker.io and docker-cli; see
+# runtimes.py for why globs.
 _DEBS = {
-    "docker.io": ("sid", "28.5.2+dfsg*"),
-    "docker-cli": ("sid", "28.5.2+dfsg*"),
+    "28.5.2": ("sid", "28.5.2+dfsg*"),
+    "26.1.5": ("trixie", "26.1.5+dfsg*"),
 }
+VERSIONS: tuple[str, ...] = tuple(_DEBS)
+VERSION = VERSIONS[0]
+_CDI_DEFAULT_FROM = (28, 2)  # CDI on without "features": {"cdi": true}
 _CONTAINERD = "2.1.9"
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _SOCKET_MAX = 100  # sun_path holds 108 bytes
@@ -72,12 +76,14 @@ class Binaries:
     docker: Path
 
 
-def fetch() -> Binaries:
-    """Unpack docker.io and docker-cli 28.5.2 from sid (downloaded on first use).
+def fetch(version: str = VERSION) -> Binaries:
+    """Unpack docker.io and docker-cli ``version`` (one of VERSIONS; downloaded on first use).
 
-    Raises debs.DebUnavailable offline with nothing cached, debs.DebError otherwise.
+    Raises KeyError for an unknown version, debs.DebUnavailable offline with nothing
+    cached, debs.DebError otherwise.
     """
-    roots = {pkg: debs.extract(pkg, suite, version) for pkg, (suite, version) in _DEBS.items()}
+    suite, deb_version = _DEBS[version]
+    roots = {pkg: debs.extract(pkg, suite, deb_version) for pkg in ("docker.io", "docker-cli")}
     found = Binaries(dockerd=roots["docker.io"] / "usr/sbin/dockerd", docker=roots["docker-cli"] / "usr/bin/docker")
     for path in (found.dockerd, found.docker):
         if not path.is_file():
@@ -99,12 +105,17 @@ class Docker:
     """A private dockerd over a private containerd, both under ``workdir``.
 
     Constructing it fetches the binaries and writes nothing; ``start()`` starts both.
+    ``features`` is daemon.json's key; None: ``{"cdi": true}`` below 28.2, else none.
     """
 
-    def __init__(self, workdir: Path, binaries: Binaries | None = None) -> None:
+    def __init__(self, workdir: Path, version: str = VERSION, *, features: dict[str, bool] | None = None) -> None:
         self.workdir = Path(workdir).resolve()
-        self.bin = binaries or fetch()
-        self.version = VERSION
+        self.bin = fetch(version)
+        self.version = version
+        if features is None:
+            cdi_default = tuple(int(n) for n in version.split(".")[:2]) >= _CDI_DEFAULT_FROM
+            features = {} if cdi_default else {"cdi": True}
+        self.features = features
         self.containerd = Containerd(_CONTAINERD, self.workdir / "containerd")
         self.cdi_dir = self.workdir / "cdi"
         self.socket = self.workdir / "docker.sock"
@@ -135,7 +146,7 @@ class Docker:
             "exec-opts": ["native.cgroupdriver=cgroupfs"],
             "cgroup-parent": f"{self.containerd.cgroup_parent}/docker",
             "default-ulimits": _ulimits(),
-            "features": {"cdi": True},
+            **({"features": self.features} if self.features else {}),
             "cdi-spec-dirs": [str(self.cdi_dir)],
         }
 
