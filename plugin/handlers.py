@@ -71,7 +71,13 @@ class GpuPlugin:
         self._answered: dict[str, str | None] = {}
 
     async def _plan(
-        self, pod: api.PodSandbox, container: api.Container, steps: dict[str, float] | None = None, share: float = 1.0
+        self,
+        pod: api.PodSandbox,
+        container: api.Container,
+        steps: dict[str, float] | None = None,
+        share: float = 1.0,
+        *,
+        ours: bool = False,
     ) -> Plan | None:
         """Request -> plan; ``steps`` gets the milliseconds of ``request`` and ``plan``.
 
@@ -88,7 +94,7 @@ class GpuPlugin:
             for note in outcome.notes:
                 logger.info("%s: %s", describe(pod, container), note)
             if outcome.request is None:
-                return self._equipped(pod, container, info, None, "")
+                return self._equipped(pod, container, info, None, "", ours=ours)
             request, ipc = outcome.request, self._ipc_now()
             inventory = self._inventory.current()
             waited = 0.0
@@ -114,7 +120,7 @@ class GpuPlugin:
             if steps is not None:
                 steps["request"] = (parsed - began) * 1000
                 steps["plan"] = (time.perf_counter() - parsed - waited) * 1000
-            final = self._equipped(pod, container, info, result, request.source)
+            final = self._equipped(pod, container, info, result, request.source, ours=ours)
         except EngineError as exc:
             raise PluginError(str(exc)) from exc
         for note in final.notes if final is not None else ():
@@ -122,7 +128,14 @@ class GpuPlugin:
         return final
 
     def _equipped(
-        self, pod: api.PodSandbox, container: api.Container, info: ContainerInfo, planned: Plan | None, source: str
+        self,
+        pod: api.PodSandbox,
+        container: api.Container,
+        info: ContainerInfo,
+        planned: Plan | None,
+        source: str,
+        *,
+        ours: bool = False,
     ) -> Plan | None:
         """``planned`` (what the container's own request from ``source`` gives, None without one),
         held against what the container already has (``engine.equipped``): the plan
@@ -139,7 +152,12 @@ class GpuPlugin:
                 f"its pod asks NVIDIA's NRI plugin for GPUs (annotation {other}) and {source} asks nri-gpu: "
                 "two producers would inject two sets; use one"
             )
-        if not info.devices:
+        # ``ours``: planned again at StartContainer (after a restart of this process)
+        # for a container our CreateContainer equipped from its request: its devices and
+        # mounts are ours, not another producer's. Only then: at CreateContainer our
+        # annotation cannot be there yet, so one that is was not written by us. (One we
+        # completed without a request of its own goes through the rules again.)
+        if not info.devices or (ours and planned is not None):
             return planned
         inventory = self._inventory.current()
         names = cdi_names({**pod.annotations, **container.annotations}, (d.name for d in container.CDI_devices))
@@ -329,7 +347,8 @@ class GpuPlugin:
         but has none of their devices or files): fail closed, never start a GPU
         container half-equipped.
         """
-        plan = await self._plan(pod, container, share=0.5)  # the rest is the start work's
+        # The rest of the time is the start work's. Carrying our annotation, it is ours.
+        plan = await self._plan(pod, container, share=0.5, ours=GPUS_ANNOTATION in container.annotations)
         if plan is None:
             return None
         given = container.annotations.get(GPUS_ANNOTATION)

@@ -149,3 +149,25 @@ def test_a_privileged_container_is_served_as_usual(node: SimNode) -> None:
         assert reply.adjust.mounts and reply.adjust.annotations["nri-gpu.io/gpus"] == node.gpus[0].uuid
 
     asyncio.run(connected(plugin(node, []), body))
+
+
+def test_a_container_of_ours_planned_again_at_start_is_not_taken_for_another_producers(node: SimNode) -> None:
+    """After a restart of the plugin, StartContainer plans a container again: it then
+    carries our own CreateContainer's devices, driver mounts and annotation, which must
+    not read as a CDI producer's (found by tests/e2e/test_faults.py: such a container
+    started without its procfs view and ld.so cache)."""
+    calls: list[StartWork] = []
+
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
+        p = pod("train", "ml", annotations={"nvidia.com/gpus": "1"})
+        c = container("main")
+        g = node.gpus[1]
+        c.linux.devices.add(path=f"/dev/nvidia{g.minor}", type="c", major=195, minor=g.minor)
+        c.mounts.add(destination=LIBCUDA, source=str(node.driver_root) + LIBCUDA, type="bind")
+        c.annotations["nri-gpu.io/gpus"] = g.uuid
+        c.pid = 12
+        await rt.state_change(Event.START_CONTAINER, p, c)  # no CreateContainer in this process
+
+    asyncio.run(connected(plugin(node, calls), body))
+    (work,) = calls
+    assert work.visible_bus_ids == (node.gpus[1].bus_id,)
