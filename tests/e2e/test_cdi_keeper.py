@@ -30,7 +30,7 @@ from tests.testbed.gpunode import SimNode, build_node, run_ldconfig
 from tests.testbed.images import GLIBC
 from tests.testbed.plugins import NriGpuProcess
 
-from .conftest import NRI_GPU, Testbed
+from .conftest import NRI_GPU, Testbed, _cannot_run
 
 OLD, NEW = "550.163.01", "555.58.02"
 NEW_PACKAGES = ("libcuda1", "libnvidia-ml1", "libnvidia-ptxjitcompiler1")
@@ -45,7 +45,7 @@ def new_driver_files() -> dict[str, Path]:
         try:
             tree = debs.extract(package, "experimental", f"{NEW}-*", components=("non-free",))
         except debs.DebError as exc:
-            pytest.skip(f"{package} {NEW} unavailable: {exc}")
+            _cannot_run(f"{package} {NEW} unavailable: {exc}")
         for path in tree.rglob(f"*.so.{NEW}"):
             files[path.name] = path
     assert len(files) == len(NEW_PACKAGES), files
