@@ -152,9 +152,10 @@ class SpecKeeper:
             return self._remove(f"{why} on this node (see `nri-gpu info`)")
         found = conflicts(str(self.path), spec_dirs=self._spec_dirs)
         # Said once while they last: a keeper that stepped aside looks again at every check.
-        said, self._said = self._said, frozenset(c.message for c in found)
+        # Keyed by the other file, not the message (which may vary between checks).
+        said, self._said = self._said, frozenset(f"{c.other}|{c.same_folder}" for c in found)
         for conflict in found:
-            if conflict.message not in said:
+            if f"{conflict.other}|{conflict.same_folder}" not in said:
                 level = logging.ERROR if conflict.same_folder else logging.WARNING
                 logger.log(level, "CDI spec %s: %s", self.path, conflict.message)
         same = [c for c in found if c.same_folder]
