@@ -15,9 +15,19 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from plugin.config import DEFAULT_NAME
+from plugin.cdi_conflicts import conflicts
+from plugin.config import DEFAULT_NAME, ConfigError, Settings, from_toml
 from plugin.config_doc import default_config
 from plugin.config_files import FileRefused
+from plugin.docker_setup import (
+    DAEMON_JSON,
+    DEFAULT_SPEC,
+    SpecResult,
+    install_spec_runtime,
+    needs_cdi_feature,
+    parse_docker_version,
+    uninstall_spec_runtime,
+)
 from plugin.events import parse_version
 from plugin.runtime_setup import (
     CONTAINERD_CONFIG,
@@ -33,7 +43,10 @@ from plugin.runtime_setup import (
 )
 
 COMMANDS = ("config", "install", "uninstall")
-_SERVICE = {"containerd": "containerd", "crio": "crio"}
+CDI_RUNTIMES = ("docker", "podman")  # no NRI: a CDI spec (and Docker's features.cdi)
+_SERVICE = {"containerd": "containerd", "crio": "crio", "docker": "docker"}
+# The node config cdi generate reads by default (plugin.__main__.DEFAULT_CONFIG_FILE).
+_NODE_CONFIG = Path("/etc/nri-gpu/config.toml")
 _BINARY = {"containerd": "containerd", "crio": "crio"}
 
 
@@ -43,23 +56,44 @@ def add_commands(commands: Any) -> None:
     config.add_argument("action", choices=("default",), help="default: the config file with every option documented")
 
     where = (
-        f"containerd: the config file (default {CONTAINERD_CONFIG}); crio: the drop-in dir (default {CRIO_DROPIN_DIR})"
+        f"containerd: the config file (default {CONTAINERD_CONFIG}); crio: the drop-in dir (default {CRIO_DROPIN_DIR}); "
+        f"docker: daemon.json (default {DAEMON_JSON})"
     )
     for name, text in (
         ("install", "turn on NRI in the runtime's config (keeps a backup for uninstall)"),
         ("uninstall", "undo what install changed (byte for byte when nothing else changed the file)"),
     ):
         cmd = commands.add_parser(name, help=text)
-        cmd.add_argument("--runtime", required=True, choices=RUNTIMES, help="the container runtime to set up")
+        cmd.add_argument(
+            "--runtime", required=True, choices=RUNTIMES + CDI_RUNTIMES, help="the container runtime to set up"
+        )
         cmd.add_argument("--config", metavar="PATH", type=Path, help=where)
+        cmd.add_argument(
+            "--cdi-spec",
+            metavar="PATH",
+            type=Path,
+            default=Path(DEFAULT_SPEC),
+            help=f"docker, podman: the CDI spec file (default {DEFAULT_SPEC})",
+        )
         if name == "install":
             cmd.add_argument("--socket", metavar="PATH", help="NRI socket the runtime should listen on")
             cmd.add_argument(
                 "--runtime-version",
                 metavar="VERSION",
                 help="the runtime's release (default: asked from its binary on PATH); containerd >= 2.2 and "
-                "CRI-O >= 1.34 also get the NRI default validator set to require the plugin",
+                "CRI-O >= 1.34 also get the NRI default validator set to require the plugin; Docker < 28.2 gets "
+                '"features": {"cdi": true}',
             )
+            cdi = cmd.add_argument_group("docker, podman: the CDI spec (as nri-gpu cdi generate writes it)")
+            cdi.add_argument("--hook-path", metavar="PATH", help="absolute path of nri-gpu on the host")
+            cdi.add_argument(
+                "--allow-untrusted-hook",
+                action="store_true",
+                help="INSECURE: write the spec even when users other than root can change the hook's files",
+            )
+            cdi.add_argument("--capabilities", metavar="LIST", help="driver capabilities (default utility,compute)")
+            for root in ("driver", "dev", "proc", "host"):
+                cdi.add_argument(f"--{root}-root", metavar="DIR", help="as for nri-gpu cdi generate")
             cmd.add_argument(
                 "--plugin-name",
                 default=DEFAULT_NAME,
@@ -127,10 +161,92 @@ def _detect(runtime: str) -> tuple[tuple[int, int, int] | None, str]:
     return version, f"{binary} --version said {first!r}"
 
 
+def _docker_version(args: argparse.Namespace) -> tuple[tuple[int, int, int] | None, str]:
+    """Docker's release: --runtime-version, the server's, or dockerd's; None and why not."""
+    if args.runtime_version is not None:
+        return parse_docker_version(args.runtime_version), f"--runtime-version {args.runtime_version!r}"
+    why = []
+    for argv in (["docker", "version", "--format", "{{.Server.Version}}"], ["dockerd", "--version"]):
+        binary = shutil.which(argv[0])
+        if binary is None:
+            why.append(f"{argv[0]} is not on PATH")
+            continue
+        try:
+            done = subprocess.run([binary, *argv[1:]], capture_output=True, text=True, timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            why.append(f"{binary}: {exc}")
+            continue
+        version = parse_docker_version(done.stdout) if done.returncode == 0 else None
+        if version is not None:
+            return version, f"{' '.join(argv)} said {done.stdout.strip()[:100]!r}"
+        why.append(f"{' '.join(argv)} said {(done.stdout or done.stderr).strip()[:100]!r}")
+    return None, "; ".join(why)
+
+
+def _spec(args: argparse.Namespace, argv0: str) -> str | None:
+    """The spec ``cdi generate`` would write (None, with the reason printed, when refused)."""
+    # Imported here: the CDI path pulls in the engine, which containerd and CRI-O setup never need.
+    from engine.cdi import hook_command
+    from engine.discover import discover
+    from engine.errors import EngineError
+    from plugin import cdi_cli
+
+    try:
+        settings = (
+            from_toml(_NODE_CONFIG.read_text(), source=str(_NODE_CONFIG)) if _NODE_CONFIG.exists() else Settings()
+        )
+        engine = settings.engine.with_roots(
+            driver_root=args.driver_root, dev_root=args.dev_root, proc_root=args.proc_root, host_root=args.host_root
+        )
+    except (ConfigError, EngineError, OSError) as exc:
+        print(f"nri-gpu: {exc}", file=sys.stderr)
+        return None
+    hook_path = args.hook_path or cdi_cli.own_path(argv0)
+    if hook_path is None:
+        print("nri-gpu: cannot tell where nri-gpu is installed; pass --hook-path", file=sys.stderr)
+        return None
+    if not cdi_cli._hook_is_trusted(hook_path, args.allow_untrusted_hook):
+        return None
+    try:
+        caps = cdi_cli.capabilities(args.capabilities, engine)
+        inventory = discover(engine)
+        text = cdi_cli.spec_text(inventory, engine, caps, hook_command(hook_path, engine, caps))
+    except (EngineError, ValueError) as exc:
+        print(f"nri-gpu: {exc}", file=sys.stderr)
+        return None
+    for conflict in conflicts(str(args.cdi_spec)):
+        print(f"nri-gpu: warning: {conflict.message}", file=sys.stderr)
+    return text
+
+
+def _cdi_runtime(args: argparse.Namespace) -> SpecResult | None:
+    """install/uninstall for Docker and podman (None: refused, the reason printed)."""
+    daemon = (args.config or Path(DAEMON_JSON)) if args.runtime == "docker" else None
+    if args.command == "uninstall":
+        return uninstall_spec_runtime(args.cdi_spec, daemon, args.dry_run)
+    text = _spec(args, sys.argv[0] if sys.argv else "")
+    if text is None:
+        return None
+    needed, why = False, ""
+    if daemon is not None:
+        version, said = _docker_version(args)
+        needed = needs_cdi_feature(version)
+        shown = "unknown" if version is None else ".".join(map(str, version))
+        why = f"Docker version {shown} ({said})" + (
+            "; features.cdi is set anyway (harmless where CDI is on by default)" if version is None else ""
+        )
+    result = install_spec_runtime(args.runtime, args.cdi_spec, text, daemon, needed, args.dry_run)
+    if why:
+        result.messages.insert(0, why)
+    return result
+
+
 def main(args: argparse.Namespace) -> int:
     if args.command == "config":
         sys.stdout.write(default_config())
         return 0
+    if args.runtime in CDI_RUNTIMES:
+        return _main_cdi(args)
     try:
         if args.command == "install":
             fail_closed, why = _fail_closed(args)
@@ -153,6 +269,38 @@ def main(args: argparse.Namespace) -> int:
     restart = ["systemctl", "restart", _SERVICE[args.runtime]]
     if not args.restart:
         print(f"Restart the runtime for this to take effect: {' '.join(restart)}")
+        return 0
+    print(f"running: {' '.join(restart)}")
+    done = subprocess.run(restart, check=False)
+    if done.returncode != 0:
+        print(f"nri-gpu: {' '.join(restart)} failed with exit code {done.returncode}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _main_cdi(args: argparse.Namespace) -> int:
+    if args.command == "install" and (args.socket is not None or args.fail_closed):
+        print("nri-gpu: --socket and --fail-closed are for containerd and CRI-O (NRI)", file=sys.stderr)
+        return 2
+    try:
+        result = _cdi_runtime(args)
+    except (SetupError, FileRefused) as exc:
+        print(f"nri-gpu: refused: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"nri-gpu: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
+        return 1
+    if result is None:
+        return 1
+    _report(result, args.dry_run)
+    if args.dry_run:
+        print("dry run: nothing written")
+        return 0
+    if not result.restart:
+        return 0
+    restart = ["systemctl", "restart", _SERVICE[args.runtime]]
+    if not args.restart:
+        print(f"Restart dockerd for daemon.json to take effect: {' '.join(restart)}")
         return 0
     print(f"running: {' '.join(restart)}")
     done = subprocess.run(restart, check=False)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from plugin import setup_cli
+from plugin.__main__ import main
 from plugin.docker_setup import (
     DaemonChange,
     daemon_cdi_change,
@@ -229,3 +231,68 @@ def test_a_spec_that_is_not_ours_is_neither_overwritten_nor_removed(tmp_path: Pa
     with pytest.raises(SetupError, match="left in place"):
         uninstall_spec_runtime(spec, None)
     assert "example.com/other" in spec.read_text()
+
+
+def test_the_cli_installs_for_docker_with_a_given_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec, daemon = _paths(tmp_path)
+    monkeypatch.setattr(setup_cli, "_spec", lambda args, argv0: SPEC)
+    argv = ["install", "--runtime", "docker", "--config", str(daemon), "--cdi-spec", str(spec)]
+    assert main([*argv, "--runtime-version", "26.1.5"]) == 0
+    out = capsys.readouterr().out
+    assert "Docker version 26.1.5" in out and "systemctl restart docker" in out
+    assert json.loads(daemon.read_text()) == {"features": {"cdi": True}}
+    assert main([*argv, "--runtime-version", "26.1.5"]) == 0
+    assert "systemctl" not in capsys.readouterr().out  # nothing changed: no restart asked for
+    assert main(["uninstall", "--runtime", "docker", "--config", str(daemon), "--cdi-spec", str(spec)]) == 0
+    assert not daemon.exists() and not spec.exists()
+
+
+def test_the_cli_refuses_docker_before_25(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec, daemon = _paths(tmp_path)
+    monkeypatch.setattr(setup_cli, "_spec", lambda args, argv0: SPEC)
+    argv = ["install", "--runtime", "docker", "--config", str(daemon), "--cdi-spec", str(spec)]
+    assert main([*argv, "--runtime-version", "24.0.7"]) == 1
+    assert "no CDI support" in capsys.readouterr().err
+    assert not spec.exists()
+
+
+def test_the_cli_asks_dockerd_for_its_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec, daemon = _paths(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "dockerd"
+    fake.write_text("#!/bin/sh\necho 'Docker version 28.5.2, build 89c5e8f'\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(setup_cli, "_spec", lambda args, argv0: SPEC)
+    monkeypatch.setattr(setup_cli.shutil, "which", lambda name: str(fake) if name == "dockerd" else None)
+    argv = ["install", "--runtime", "docker", "--config", str(daemon), "--cdi-spec", str(spec), "--dry-run"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "Docker version 28.5.2" in out and "on by default" in out and "dry run: nothing written" in out
+    assert not spec.exists()
+
+
+def test_the_cli_writes_a_real_spec_for_podman(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.testbed.gpunode import build_node
+
+    node = build_node(tmp_path / "node", gpus=1)
+    spec = tmp_path / "cdi" / "nri-gpu.json"
+    argv = ["install", "--runtime", "podman", "--cdi-spec", str(spec), *node.flags()]
+    argv += ["--hook-path", "/opt/nri-gpu/bin/nri-gpu", "--allow-untrusted-hook"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert json.loads(spec.read_text())["kind"] == "nvidia.com/gpu"
+    assert main(["uninstall", "--runtime", "podman", "--cdi-spec", str(spec)]) == 0
+    assert not spec.exists()
+
+
+def test_nri_flags_are_refused_for_docker(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, daemon = _paths(tmp_path)
+    assert main(["install", "--runtime", "docker", "--config", str(daemon), "--fail-closed"]) == 2
+    assert "for containerd and CRI-O" in capsys.readouterr().err
+    assert not daemon.parent.exists()
