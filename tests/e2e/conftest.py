@@ -15,8 +15,8 @@ overlayfs, or the Debian mirror is unreachable and nothing is cached. Set
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -30,7 +30,8 @@ from tests.testbed import debs, images, runtimes
 from tests.testbed.containerd import Containerd, reap_stale
 from tests.testbed.cri import CriClient
 from tests.testbed.gpunode import SimNode, build_node
-from tests.testbed.plugins import NriGpuProcess
+from tests.testbed.images import Image
+from tests.testbed.plugins import NRI_GPU, NriGpuProcess
 
 _IDS = {"1.7.24": "containerd-1.7", "2.1.9": "containerd-2.1"}
 
@@ -164,7 +165,6 @@ def testbed_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callab
 
 # -- a simulated GPU node, nri-gpu serving it, its CDI spec ------------------------------
 
-NRI_GPU = str(Path(sys.executable).with_name("nri-gpu"))  # this checkout's, run as a hook by runc
 
 
 @pytest.fixture(scope="module")
@@ -180,6 +180,22 @@ def plugin(containerd: Testbed, node: SimNode, tmp_path_factory: pytest.TempPath
     proc = NriGpuProcess(containerd.containerd.nri_socket, log, *node.flags()).start()
     yield proc
     assert proc.stop() == 0, proc.log()
+
+
+def probe_image(containerd: Testbed, build: Callable[[str], Image], what: str) -> Image:
+    """An image with a probe compiled here (``build(gcc)``), imported into ``containerd``;
+    a missing gcc or package is a skip, or a failure where e2e tests are required."""
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        _cannot_run(f"{what}: needs gcc to build the image's probe")
+        raise AssertionError("unreachable")
+    try:
+        built = build(gcc)
+    except debs.DebUnavailable as exc:
+        _cannot_run(f"{what}: cannot be fetched: {exc}")
+        raise AssertionError("unreachable") from exc
+    images.import_image(containerd.containerd, built)
+    return built
 
 
 def write_cdi_spec(bed: Testbed, node: SimNode, name: str) -> Path:

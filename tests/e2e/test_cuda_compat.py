@@ -7,18 +7,17 @@ first match) and a program linked against libcuda maps the compat file; with
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.testbed import debs, images
+from tests.testbed import images
 from tests.testbed.cri import CriClient
 from tests.testbed.cudacompat import COMPAT_VERSION, IMAGE, compat_image
 from tests.testbed.gpunode import SimNode
 from tests.testbed.plugins import NriGpuProcess
 
-from .conftest import Testbed
+from .conftest import Testbed, probe_image
 
 LIB = "/usr/lib/x86_64-linux-gnu"
 COMPAT = "/usr/local/cuda/compat"
@@ -26,15 +25,7 @@ COMPAT = "/usr/local/cuda/compat"
 
 @pytest.fixture(scope="module")
 def image(containerd: Testbed) -> images.Image:
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.skip("needs gcc to build the image's probe")
-    try:
-        built = compat_image(gcc)
-    except debs.DebUnavailable as exc:
-        pytest.skip(f"libcuda1 {COMPAT_VERSION} cannot be fetched: {exc}")
-    images.import_image(containerd.containerd, built)
-    return built
+    return probe_image(containerd, compat_image, f"the cuda-compat image (libcuda1 {COMPAT_VERSION})")
 
 
 def gpu_container(cri: CriClient, name: str) -> str:

@@ -12,8 +12,6 @@ naming it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from tests.testbed.cri import CriClient, CriError
@@ -39,14 +37,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
     built = build_node(tmp_path_factory.mktemp("fabric-node"), gpus=2, fabric=True)
     assert built.real_device_nodes, "the e2e tests run as root"
     return built
-
-
-@pytest.fixture(scope="module")
-def plugin(containerd: Testbed, node: SimNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NriGpuProcess]:
-    log = tmp_path_factory.mktemp("nri-gpu-log") / "nri-gpu.log"
-    proc = NriGpuProcess(containerd.containerd.nri_socket, log, *node.flags()).start()
-    yield proc
-    assert proc.stop() == 0, proc.log()
 
 
 def run(cri: CriClient, pod_name: str, env: dict[str, str]) -> str:

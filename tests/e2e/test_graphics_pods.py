@@ -9,18 +9,16 @@ the graphics files."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from engine.graphics import APP_PROFILE_PATH, app_profile_text
-from tests.testbed import debs, images
+from tests.testbed import images
 from tests.testbed.cri import CriClient
 from tests.testbed.gpunode import DRM_MAJOR, SimNode
 from tests.testbed.plugins import NriGpuProcess
 from tests.testbed.vulkan_image import IMAGE, PROBE, vulkan_image
 
-from .conftest import Testbed
+from .conftest import Testbed, probe_image
 
 LIB = "/usr/lib/x86_64-linux-gnu"
 ICD = "/etc/vulkan/icd.d/nvidia_icd.json"
@@ -38,15 +36,7 @@ VK_ERROR_INCOMPATIBLE_DRIVER = -9
 
 @pytest.fixture(scope="module")
 def image(containerd: Testbed) -> images.Image:
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.skip("needs gcc to build the image's probe")
-    try:
-        built = vulkan_image(gcc)
-    except debs.DebUnavailable as exc:
-        pytest.skip(f"the Vulkan loader cannot be fetched: {exc}")
-    images.import_image(containerd.containerd, built)
-    return built
+    return probe_image(containerd, vulkan_image, "the Vulkan image")
 
 
 def container(cri: CriClient, name: str, env: dict[str, str]) -> str:

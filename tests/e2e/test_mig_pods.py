@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -39,14 +38,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
     # No host /dev/nvidia-caps nodes for GPU instance 3 (the kernel makes none, and
     # nvidia-modprobe may not have run): neither path may need them.
     return build_node(tmp_path_factory.mktemp("mig-node"), gpus=4, mig=MIG, without_cap_nodes=(3,))
-
-
-@pytest.fixture(scope="module")
-def plugin(containerd: Testbed, node: SimNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NriGpuProcess]:
-    log = tmp_path_factory.mktemp("nri-gpu-log") / "nri-gpu.log"
-    proc = NriGpuProcess(containerd.containerd.nri_socket, log, *node.flags()).start()
-    yield proc
-    assert proc.stop() == 0, proc.log()
 
 
 def devices_of(node: SimNode) -> list[MigDevice]:

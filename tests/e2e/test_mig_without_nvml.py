@@ -11,7 +11,6 @@ MIG device those nodes are.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,14 +30,6 @@ MIG_UUID = "MIG-0a1b2c3d-4e5f-6a7b-8c9d-0e1f2a3b4c5d"  # what the device plugin 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
     return build_node(tmp_path_factory.mktemp("mig-real-nvml"), gpus=4, mig=MIG, nvml="real")
-
-
-@pytest.fixture(scope="module")
-def plugin(containerd: Testbed, node: SimNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[NriGpuProcess]:
-    log = tmp_path_factory.mktemp("nri-gpu-log") / "nri-gpu.log"
-    proc = NriGpuProcess(containerd.containerd.nri_socket, log, *node.flags()).start()
-    yield proc
-    assert proc.stop() == 0, proc.log()
 
 
 def sh(cri: CriClient, cid: str, script: str) -> str:
