@@ -21,30 +21,26 @@ the problem (never a traceback).
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
-import os
-import re
 import secrets
 import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.testbed import cudart, debs, hostile, images
-from tests.testbed.cache import cache_dir
 from tests.testbed.gpunode import SimNode
 from tests.testbed.images import GLIBC
-from tests.testbed.podman import Podman
+from tests.testbed.podman import Podman, SpecFolderTaken, shared_spec_path
 
 from .conftest import NRI_GPU, _cannot_run, _preflight
 from .test_hostile_images import BAIT, LIBCUDA_LINE, PROBLEM_WORDS, Bait
 
-CDI_DIR = Path("/var/run/cdi")
 CONTROL = {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
 # One podman run prints every section the checks read, split by this line.
 SEP = "==section=="
@@ -72,47 +68,19 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
     pm.cleanup()
 
 
-def _foreign_specs() -> list[str]:
-    """Files in CDI_DIR, other than ours, that define the ``nvidia.com/gpu`` kind."""
-    found = []
-    for path in sorted(CDI_DIR.glob("*")) if CDI_DIR.is_dir() else []:
-        if path.name.startswith("nri-gpu-test-"):
-            continue
-        try:
-            text = path.read_text(errors="replace")
-        except OSError:
-            continue
-        if re.search(r"""["']?kind["']?\s*:\s*["']?nvidia\.com/gpu\b""", text):
-            found.append(str(path))
-    return found
-
-
 @pytest.fixture(scope="module")
 def spec(podman: Podman, node: SimNode) -> Iterator[dict[str, Any]]:
     """The node's spec in /var/run/cdi for the module's lifetime (sessions serialized)."""
-    with open(cache_dir() / ".podman-cdi.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        foreign = _foreign_specs()
-        if foreign:
-            _cannot_run(f"{', '.join(foreign)} already define nvidia.com/gpu in {CDI_DIR}: "
-                        "a second spec there would cancel both")
-        for stale in CDI_DIR.glob("nri-gpu-test-*.json"):  # a killed session's: it would cancel ours
-            stale.unlink(missing_ok=True)
-        created = not CDI_DIR.exists()
-        CDI_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
-        path = CDI_DIR / f"nri-gpu-test-{os.getpid()}.json"
+    with contextlib.ExitStack() as stack:
         try:
-            done = subprocess.run([NRI_GPU, "cdi", "generate", *node.flags(), "--output", str(path),
-                                   "--allow-untrusted-hook"], capture_output=True, text=True)
-            assert done.returncode == 0, done.stderr
-            yield json.loads(path.read_text())
-        finally:
-            path.unlink(missing_ok=True)
-            if created:
-                try:
-                    CDI_DIR.rmdir()
-                except OSError:
-                    pass  # someone else put a spec there meanwhile
+            path = stack.enter_context(shared_spec_path())
+        except SpecFolderTaken as exc:
+            _cannot_run(str(exc))
+            raise
+        done = subprocess.run([NRI_GPU, "cdi", "generate", *node.flags(), "--output", str(path),
+                               "--allow-untrusted-hook"], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        yield json.loads(path.read_text())
 
 
 def run_view(podman: Podman, device: str, *options: str, image: str = GLIBC) -> list[str]:

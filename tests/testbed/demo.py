@@ -13,7 +13,6 @@ containers ask with ``--device nvidia.com/gpu=N``.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import shutil
@@ -25,17 +24,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.e2e.conftest import NRI_GPU
-from tests.e2e.test_podman import CDI_DIR, _foreign_specs
-
 from . import images, runtimes
-from .cache import cache_dir
 from .containerd import Containerd, reap_stale
 from .cri import CriClient
 from .docker import Docker
 from .gpunode import SimNode, build_node
-from .plugins import NriGpuProcess
-from .podman import Podman
+from .plugins import NRI_GPU, NriGpuProcess
+from .podman import Podman, SpecFolderTaken, shared_spec_path
 
 SLEEP = ["sh", "-c", "sleep 3600"]
 
@@ -102,27 +97,12 @@ def cdi_spec(rt: CdiRuntime, node: SimNode) -> Iterator[Path]:
         finally:
             path.unlink(missing_ok=True)
         return
-    with open(cache_dir() / ".podman-cdi.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        foreign = _foreign_specs()
-        if foreign:
-            raise SystemExit(f"{', '.join(foreign)} already define nvidia.com/gpu in {CDI_DIR}: "
-                             "a second spec there would cancel both")
-        for stale in CDI_DIR.glob("nri-gpu-test-*.json"):  # a killed session's: it would cancel ours
-            stale.unlink(missing_ok=True)
-        created = not CDI_DIR.exists()
-        CDI_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
-        path = CDI_DIR / f"nri-gpu-test-demo-{os.getpid()}.json"
-        try:
+    try:
+        with shared_spec_path("demo-") as path:
             _generate(node, path)
             yield path
-        finally:
-            path.unlink(missing_ok=True)
-            if created:
-                try:
-                    CDI_DIR.rmdir()
-                except OSError:
-                    pass  # someone else put a spec there meanwhile
+    except SpecFolderTaken as exc:
+        raise SystemExit(str(exc)) from exc
 
 
 def _generate(node: SimNode, path: Path) -> None:

@@ -20,6 +20,10 @@ from plugin.stub import Stub
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: where `python -m plugin` runs
 
 
+# This checkout's nri-gpu (beside the running interpreter): what a CDI spec's hook runs.
+NRI_GPU = str(Path(sys.executable).with_name("nri-gpu"))
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not predicate():

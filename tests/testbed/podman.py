@@ -26,15 +26,20 @@ run with ``--network none`` (no CNI, netavark or slirp needed) and explicit
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import resource
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from plugin.cdi_conflicts import conflicts
+
 from . import debs, runtimes
+from .cache import cache_dir
 from .images import Image
 
 __all__ = ["VERSION", "Binaries", "Podman", "fetch"]
@@ -182,3 +187,40 @@ runroot = {json.dumps(str(w / "run"))}
             path = self.workdir / mount
             if os.path.ismount(path):
                 subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+# podman 4.3 reads CDI specs from /etc/cdi and /var/run/cdi only: a test's spec goes
+# there, under a lock that serializes sessions, named so that a killed session's is
+# recognised and removed (it would cancel ours: two specs of one kind in one folder).
+CDI_DIR = Path("/var/run/cdi")
+SPEC_PREFIX = "nri-gpu-test-"
+
+
+class SpecFolderTaken(Exception):
+    """Another spec of kind nvidia.com/gpu is in CDI_DIR: a second one would cancel both."""
+
+
+@contextlib.contextmanager
+def shared_spec_path(tag: str = "") -> Iterator[Path]:
+    """A path in CDI_DIR for a spec of ours, held under the lock while the caller uses
+    it; the file (and the folder, if made here) removed at the end. Raises
+    SpecFolderTaken naming the other specs (found by ``plugin.cdi_conflicts``, bounded)."""
+    with open(cache_dir() / ".podman-cdi.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = CDI_DIR / f"{SPEC_PREFIX}{tag}{os.getpid()}.json"
+        foreign = [c.other for c in conflicts(str(path), spec_dirs=(str(CDI_DIR),))
+                   if c.same_folder and not Path(c.other).name.startswith(SPEC_PREFIX)]
+        if foreign:
+            raise SpecFolderTaken(f"{', '.join(foreign)} already define nvidia.com/gpu in {CDI_DIR}: "
+                                  "a second spec there would cancel both")
+        for stale in CDI_DIR.glob(f"{SPEC_PREFIX}*.json"):  # a killed session's: it would cancel ours
+            stale.unlink(missing_ok=True)
+        created = not CDI_DIR.exists()
+        CDI_DIR.mkdir(mode=0o755, parents=True, exist_ok=True)
+        try:
+            yield path
+        finally:
+            path.unlink(missing_ok=True)
+            if created:
+                with contextlib.suppress(OSError):  # someone else put a spec there meanwhile
+                    CDI_DIR.rmdir()
