@@ -12,29 +12,12 @@ needs no mount and goes away with the container.
 
 from __future__ import annotations
 
-import os
-
 from engine.graphics import APP_PROFILE_PATH
-from engine.start.rootdir import READ, RootDir, split, write_atomically
-from engine.start.work import WorkError
+from engine.start.rootdir import RootDir, write_file
 
 __all__ = ["write"]
-
-_LIMIT = 1 << 16
 
 
 def write(root: RootDir, text: str) -> bool:
     """Write ``text`` at ``APP_PROFILE_PATH``; True when it was written (not already there)."""
-    want = text.encode()
-    try:
-        if root.read_small(APP_PROFILE_PATH, _LIMIT, resolve=READ) == want:
-            return False
-    except WorkError:
-        pass  # not a regular file, or too big: replaced below (or refused, naming it)
-    parent, name = split(APP_PROFILE_PATH)
-    folder = root.makedirs(parent)
-    try:
-        write_atomically(folder, name, want, 0o644, what=APP_PROFILE_PATH)
-    finally:
-        os.close(folder)
-    return True
+    return write_file(root, APP_PROFILE_PATH, text.encode())

@@ -47,7 +47,17 @@ from engine.ldcache_merge import merge as merge_entries
 from engine.model import LdCacheEntry
 from engine.start import confine, elf, syscalls
 from engine.start.confine import Trusted
-from engine.start.rootdir import WRITE, OverLimit, RootDir, describe, read_regular, split, write_atomically
+from engine.start.rootdir import (
+    WRITE,
+    OverLimit,
+    RootDir,
+    current_bytes,
+    describe,
+    read_regular,
+    split,
+    write_atomically,
+    write_file,
+)
 from engine.start.work import WorkError
 
 __all__ = [
@@ -177,16 +187,7 @@ def write_conf(root: RootDir, folders: tuple[str, ...]) -> bool:
         changed = True
     except OSError as exc:
         raise WorkError(describe(exc, MAIN_CONF)) from exc
-    parent, name = split(CONF)
-    folder = root.makedirs(parent)
-    try:
-        want = conf_text(folders)
-        if _current(folder, name) != want:
-            write_atomically(folder, name, want, 0o644, what=CONF)
-            changed = True
-    finally:
-        os.close(folder)
-    return changed
+    return write_file(root, CONF, conf_text(folders)) or changed
 
 
 def write_compat_conf(root: RootDir, folder: str | None) -> bool:
@@ -199,7 +200,7 @@ def write_compat_conf(root: RootDir, folder: str | None) -> bool:
         if found is None:
             return False
         try:
-            current = _current(found, name)
+            current = current_bytes(found, name)
             if current is None or not current.startswith(_COMPAT_HEADER):
                 return False
             try:
@@ -210,29 +211,7 @@ def write_compat_conf(root: RootDir, folder: str | None) -> bool:
         finally:
             os.close(found)
     want = _COMPAT_HEADER + b" (the image's cuda-compat libraries before the driver's).\n" + folder.encode() + b"\n"
-    dirfd = root.makedirs(parent)
-    try:
-        if _current(dirfd, name) == want:
-            return False
-        write_atomically(dirfd, name, want, 0o644, what=COMPAT_CONF)
-        return True
-    finally:
-        os.close(dirfd)
-
-
-def _current(dirfd: int, name: str) -> bytes | None:
-    # One open, then fstat (in read_regular): through the nodev copy of the root
-    # a device node cannot be opened, and O_NONBLOCK keeps a FIFO from waiting.
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=dirfd)
-    except OSError:
-        return None  # missing, a link (ELOOP) or a device (EACCES): replaced either way
-    try:
-        return read_regular(fd, CONF, 1 << 16)
-    except WorkError:
-        return None
-    finally:
-        os.close(fd)
+    return write_file(root, COMPAT_CONF, want)
 
 
 def cache_lists(root: RootDir, entries: tuple[LdCacheEntry, ...], deadline: float | None = None) -> bool:

@@ -231,3 +231,35 @@ def write_atomically(dirfd: int, name: str, data: bytes, mode: int, *, what: str
         os.rename(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
     except OSError as exc:
         raise WorkError(describe(exc, what)) from exc
+
+
+def current_bytes(dirfd: int, name: str, limit: int = 1 << 16) -> bytes | None:
+    """What the regular file ``name`` in ``dirfd`` holds, or None (missing, a link,
+    a device, a FIFO, over ``limit``: each is replaced by ``write_file``). One open
+    with ``O_NOFOLLOW | O_NONBLOCK``, then ``fstat``: through the nodev copy of the
+    root a device cannot be opened, and a FIFO does not make it wait."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=dirfd)
+    except OSError:
+        return None
+    try:
+        return read_regular(fd, name, limit)
+    except WorkError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def write_file(root: RootDir, path: str, data: bytes, mode: int = 0o644) -> bool:
+    """``path`` in the container's root holding ``data``: its folder made inside the
+    root, the file replaced atomically (``write_atomically``) unless it already
+    holds exactly that; True when written."""
+    parent, name = split(path)
+    folder = root.makedirs(parent)
+    try:
+        if current_bytes(folder, name) == data:
+            return False
+        write_atomically(folder, name, data, mode, what=path)
+        return True
+    finally:
+        os.close(folder)
