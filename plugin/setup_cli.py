@@ -266,16 +266,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if not result.changed:
         return 0
-    restart = ["systemctl", "restart", _SERVICE[args.runtime]]
-    if not args.restart:
-        print(f"Restart the runtime for this to take effect: {' '.join(restart)}")
-        return 0
-    print(f"running: {' '.join(restart)}")
-    done = subprocess.run(restart, check=False)
-    if done.returncode != 0:
-        print(f"nri-gpu: {' '.join(restart)} failed with exit code {done.returncode}", file=sys.stderr)
-        return 1
-    return 0
+    return _restart(args, "Restart the runtime for this to take effect")
 
 
 def _main_cdi(args: argparse.Namespace) -> int:
@@ -298,9 +289,14 @@ def _main_cdi(args: argparse.Namespace) -> int:
         return 0
     if not result.restart:
         return 0
+    return _restart(args, "Restart dockerd for daemon.json to take effect")
+
+
+def _restart(args: argparse.Namespace, advice: str) -> int:
+    """``systemctl restart`` of the runtime with ``--restart``, else ``advice`` and the command."""
     restart = ["systemctl", "restart", _SERVICE[args.runtime]]
     if not args.restart:
-        print(f"Restart dockerd for daemon.json to take effect: {' '.join(restart)}")
+        print(f"{advice}: {' '.join(restart)}")
         return 0
     print(f"running: {' '.join(restart)}")
     done = subprocess.run(restart, check=False)
