@@ -11,7 +11,6 @@ compat ``libcuda.so.1``.
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,35 +22,16 @@ from engine.start import StartWork
 from tests.integration.test_start import LIB, _cannot_run, gcc, node, plan, runc, start, work  # noqa: F401
 from tests.testbed import debs
 from tests.testbed.bundle import RuncHost
-from tests.testbed.cudacompat import COMPAT_VERSION, install_compat
+from tests.testbed.cudacompat import COMPAT_VERSION, build_probe, install_compat
 from tests.testbed.gpunode import run_ldconfig
 
 COMPAT = "/usr/local/cuda/compat"
-PROBE = r"""
-#include <stdio.h>
-#include <string.h>
-int main(void) {
-    char line[1024];
-    FILE *maps = fopen("/proc/self/maps", "r");
-    while (maps && fgets(line, sizeof line, maps))
-        if (strstr(line, "libcuda")) { fputs(strrchr(line, ' ') + 1, stdout); return 0; }
-    puts("no libcuda mapped");
-    return 0;
-}
-"""
 
 
 @pytest.fixture(scope="module")
 def probe(gcc: str, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
     """A program linked against libcuda.so.1 that prints which file it got."""
-    d = tmp_path_factory.mktemp("probe")
-    (d / "stub.c").write_text("void cuInit(void) {}\n")
-    subprocess.run([gcc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(d / "libcuda.so"), str(d / "stub.c")],
-                   check=True)  # fmt: skip
-    (d / "probe.c").write_text(PROBE)
-    out = d / "probe"
-    subprocess.run([gcc, "-o", str(out), str(d / "probe.c"), f"-L{d}", "-Wl,--no-as-needed", "-lcuda"], check=True)
-    return out
+    return build_probe(gcc, tmp_path_factory.mktemp("probe"))
 
 
 @pytest.fixture(scope="module")
