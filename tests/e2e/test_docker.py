@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ from tests.testbed.gpunode import SimNode
 from tests.testbed.images import GLIBC
 
 from .conftest import NRI_GPU, _cannot_run, _preflight
-from .test_podman import SEP, VIEW, assert_gpus
+from .test_podman import SEP, VIEW, assert_gpus, start_p50
 
 
 def _started(workdir: Path, version: str, **options: Any) -> Docker:
@@ -158,16 +157,4 @@ def test_gpus_flag_is_no_cdi_request_before_29_2(docker: Docker, spec: dict[str,
 
 
 def test_start_time_with_and_without_a_gpu(docker: Docker, spec: dict[str, Any]) -> None:
-    """p50 of ``docker run --rm`` without and with ``--device nvidia.com/gpu=0``,
-    printed (``-s``) for the README; a loose bound catches a hook that hangs."""
-    p50 = {}
-    for label, options in (("plain", []), ("gpu", ["--device", "nvidia.com/gpu=0"])):
-        runs = []
-        for _ in range(10):
-            start = time.monotonic()
-            assert docker.run(GLIBC, "true", options=options).returncode == 0
-            runs.append(time.monotonic() - start)
-        p50[label] = sorted(runs)[len(runs) // 2]
-    print(f"docker {docker.version} run --rm p50: plain {p50['plain'] * 1000:.0f} ms, "
-          f"--device nvidia.com/gpu=0 {p50['gpu'] * 1000:.0f} ms")
-    assert p50["gpu"] < 10, p50
+    start_p50(docker.run, f"docker {docker.version}")
