@@ -75,5 +75,12 @@ def test_tiny_run_on_one_containerd(tmp_path: Path) -> None:
     assert run["churn"]["points"][-1]["containers"] == 10
     assert {t["target"].split(" ")[0] for t in results["targets"]} >= {"asks-for-nothing", "planning", "RSS"}
     assert [e["when"] for e in results["load"]] == ["at the start", "after containerd 2.1.9", "at the end"]
+    mig = results["inprocess"]["mig"]  # the MIG part: every request form, the NVML probe
+    assert mig["mig_devices"] == 28
+    assert {name: s["n"] for name, s in mig["create_container_ms"].items()} == dict.fromkeys(
+        ("whole GPU (reference)", "MIG-<uuid>", "i:j", "MIG-GPU-<uuid>/<gi>/<ci>", "all + monitor (28 MIG devices)"), 20
+    )
+    assert mig["nvml_probe_ms"]["n"] == 20 and mig["nvml_probe_ms"]["p50"] > 0
     text = render(results)
     assert "nri-gpu-8gpu: plan" in text and "Load average (1 min)" in text and "p50 by round" in text
+    assert "## MIG" in text and "NVML probe" in text
