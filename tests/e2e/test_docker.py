@@ -21,6 +21,10 @@ nodes, that GPU's procfs entry only, libcuda in the ld.so cache.
 ``nvidia-cdi-hook`` on dockerd's PATH, which nri-gpu does not ship): on 28.5 and
 26.1 it fails with "could not select device driver", spec or not, which the module
 checks so the README's advice (``--device``) stays true.
+
+The hostile images and NVIDIA's CUDA runtime wheel run as on podman, through the same
+checks (tests/e2e/cdi_runtime_cases.py); the test bed ``docker import``s each image's
+one layer with its ``Env``, ``Cmd``, ``WorkingDir`` and ``User``.
 """
 from __future__ import annotations
 
@@ -32,13 +36,23 @@ from typing import Any
 
 import pytest
 
-from tests.testbed import debs, images
+from tests.testbed import debs, hostile, images
 from tests.testbed.docker import VERSIONS, Docker
 from tests.testbed.gpunode import SimNode
 from tests.testbed.images import GLIBC
 
+from .cdi_runtime_cases import (
+    VIEW,
+    assert_gpus,
+    check_cuda_runtime,
+    check_hostile_image,
+    planted_bait,
+    sections,
+    start_p50,
+)
+from .cdi_runtime_cases import run_view as _run_view
 from .conftest import NRI_GPU, _cannot_run, _preflight
-from .test_podman import SEP, VIEW, assert_gpus, start_p50
+from .test_hostile_images import Bait
 
 
 def _started(workdir: Path, version: str, **options: Any) -> Docker:
@@ -82,10 +96,7 @@ def spec(docker: Docker, node: SimNode) -> dict[str, Any]:
 
 
 def run_view(docker: Docker, device: str, *options: str) -> list[str]:
-    """The sections of VIEW, from a container with ``--device nvidia.com/gpu=<device>``."""
-    done = docker.run(GLIBC, "sh", "-c", VIEW, options=["--device", f"nvidia.com/gpu={device}", *options])
-    assert done.returncode == 0, done.stderr
-    return done.stdout.split(SEP + "\n")[1:]
+    return _run_view(docker.run, device, *options)
 
 
 def test_daemon_reads_only_the_private_spec_dir(docker: Docker) -> None:
@@ -111,9 +122,9 @@ def test_cdi_without_the_features_key(docker: Docker, node: SimNode,
 
 @pytest.mark.parametrize("index", [0, 3])
 def test_gpu_by_index(docker: Docker, spec: dict[str, Any], node: SimNode, index: int) -> None:
-    sections = run_view(docker, str(index))
-    assert_gpus(sections, [node.gpus[index]])
-    assert sections[4].strip() == "void"  # an nri-gpu plugin leaves the container alone
+    found = run_view(docker, str(index))
+    assert_gpus(found, [node.gpus[index]])
+    assert found[4].strip() == "void"  # an nri-gpu plugin leaves the container alone
 
 
 def test_gpu_by_uuid(docker: Docker, spec: dict[str, Any], node: SimNode) -> None:
@@ -126,9 +137,9 @@ def test_all_gpus(docker: Docker, spec: dict[str, Any], node: SimNode) -> None:
 
 def test_no_device_no_gpu(docker: Docker, spec: dict[str, Any]) -> None:
     done = docker.run(GLIBC, "sh", "-c", VIEW)
-    sections = done.stdout.split(SEP + "\n")[1:]
-    assert sections[0].split() == [] and sections[1].split() == [], done.stdout
-    assert "libcuda" not in sections[2], sections[2]
+    found = sections(done)
+    assert found[0].split() == [] and found[1].split() == [], done.stdout
+    assert "libcuda" not in found[2], found[2]
 
 
 def test_read_only_root(docker: Docker, spec: dict[str, Any], node: SimNode) -> None:
@@ -140,9 +151,9 @@ def test_read_only_root(docker: Docker, spec: dict[str, Any], node: SimNode) -> 
 
 
 def test_non_root_user(docker: Docker, spec: dict[str, Any], node: SimNode) -> None:
-    sections = run_view(docker, "0", "--user", "1000:1000")
-    assert_gpus(sections, [node.gpus[0]])
-    assert sections[3].strip() == "1000"
+    found = run_view(docker, "0", "--user", "1000:1000")
+    assert_gpus(found, [node.gpus[0]])
+    assert found[3].strip() == "1000"
 
 
 def test_unknown_device_refused(docker: Docker, spec: dict[str, Any]) -> None:
@@ -158,3 +169,19 @@ def test_gpus_flag_is_no_cdi_request_before_29_2(docker: Docker, spec: dict[str,
 
 def test_start_time_with_and_without_a_gpu(docker: Docker, spec: dict[str, Any]) -> None:
     start_p50(docker.run, f"docker {docker.version}")
+
+
+def test_cuda_runtime_wheel_finds_the_driver(docker: Docker, spec: dict[str, Any]) -> None:
+    check_cuda_runtime(docker.load, docker.run)
+
+
+@pytest.fixture
+def bait(node: SimNode) -> Iterator[Bait]:
+    with planted_bait(node) as planted:
+        yield planted
+
+
+@pytest.mark.parametrize("case", hostile.CASES)
+def test_hostile_image(docker: Docker, spec: dict[str, Any], node: SimNode, bait: Bait, case: str) -> None:
+    """The hostile images of test_podman, the same verdicts: dockerd's runc runs the same hook."""
+    check_hostile_image(docker.load, docker.run, node, bait, case)

@@ -17,40 +17,28 @@ Each container is one ``podman run --rm`` whose script prints what the test chec
 the device nodes, ``/proc/driver/nvidia/gpus``, ``ldconfig -p``. The hostile images
 (tests/testbed/hostile.py) run the same way; the host's bait tree must be untouched
 and each container either runs with its GPU, or is refused with a message naming
-the problem (never a traceback).
+the problem (never a traceback). The checks, the hostile cases' verdicts and the CUDA
+runtime probe are tests/e2e/cdi_runtime_cases.py's, shared with Docker's module.
 """
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import secrets
-import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.testbed import cudart, debs, hostile, images
+from tests.testbed import debs, hostile, images
 from tests.testbed.gpunode import SimNode
 from tests.testbed.images import GLIBC
 from tests.testbed.podman import Podman, SpecFolderTaken, shared_spec_path
 
+from .cdi_runtime_cases import assert_gpus, check_cuda_runtime, check_hostile_image, planted_bait, start_p50
+from .cdi_runtime_cases import run_view as _run_view
 from .conftest import NRI_GPU, _cannot_run, _preflight
-from .test_hostile_images import BAIT, LIBCUDA_LINE, PROBLEM_WORDS, Bait
-
-CONTROL = {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
-# One podman run prints every section the checks read, split by this line.
-SEP = "==section=="
-VIEW = "; ".join(f"echo {SEP}; {cmd}" for cmd in (
-    "ls -d /dev/nvidia*",
-    "ls /proc/driver/nvidia/gpus",
-    "ldconfig -p",
-    "id -u",
-    "echo $NVIDIA_VISIBLE_DEVICES",
-))
+from .test_hostile_images import Bait
 
 
 @pytest.fixture(scope="module")
@@ -83,18 +71,8 @@ def spec(podman: Podman, node: SimNode) -> Iterator[dict[str, Any]]:
         yield json.loads(path.read_text())
 
 
-def run_view(podman: Podman, device: str, *options: str, image: str = GLIBC) -> list[str]:
-    """The sections of VIEW, from a container with ``--device nvidia.com/gpu=<device>``."""
-    done = podman.run(image, "sh", "-c", VIEW, options=["--device", f"nvidia.com/gpu={device}", *options])
-    assert done.returncode == 0, done.stderr
-    return done.stdout.split(SEP + "\n")[1:]
-
-
-def assert_gpus(sections: list[str], gpus: list[Any]) -> None:
-    devices, proc, cache = sections[0].split(), sections[1].split(), sections[2]
-    assert set(devices) == {f"/dev/nvidia{g.minor}" for g in gpus} | CONTROL, devices
-    assert proc == sorted(g.bus_id for g in gpus), proc
-    assert LIBCUDA_LINE in cache, cache
+def run_view(podman: Podman, device: str, *options: str) -> list[str]:
+    return _run_view(podman.run, device, *options)
 
 
 def test_spec_is_one_podman_4_3_reads(spec: dict[str, Any]) -> None:
@@ -140,82 +118,19 @@ def test_unknown_device_refused(podman: Podman, spec: dict[str, Any]) -> None:
 
 # --------------------------------------------------------------------------- hostile images
 
-# Cases whose refusal would be a regression: the link is nothing the hook needs.
-MUST_RUN = ("ldcache", "compat", "preload", "soname")
-# What a refusal of the others must name (or one of PROBLEM_WORDS): the linked path.
-REFUSAL_NAMES = {
-    "confdir": ("ld.so.conf.d",), "relconfdir": ("ld.so.conf.d",), "magicconf": ("ld.so.conf.d",),
-    "confvolume": ("ld.so.conf.d",), "libdir": ("x86_64-linux-gnu",), "magiclib": ("x86_64-linux-gnu",),
-    "magiccache": ("ld.so.cache",), "etc": ("/etc",),
-}
-
 
 @pytest.fixture
 def bait(node: SimNode) -> Iterator[Bait]:
-    # The same fixed bait tree as test_hostile_images (baked into the images): same lock.
-    with open(f"{BAIT}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        b = Bait(BAIT, secrets.token_hex(8), node, "cdi")
-        b.plant()
-        yield b
-        shutil.rmtree(BAIT, ignore_errors=True)
-
-
-def _scan(token: str) -> str:
-    """What a hostile link could show of the bait, read inside the container."""
-    return (f"echo {SEP}; cat /proc/self/mountinfo; echo {SEP};"
-            " find /etc/ /tmp/ /usr/local/ /lib/ /opt/ /data/ -type f -size -64k 2>/dev/null"
-            f" | xargs grep -l {token} 2>/dev/null;"
-            " cat /etc/ld.so.cache /etc/ld.so.conf.d/* /usr/local/cuda/compat/* 2>/dev/null;"
-            " ls -a /usr/lib/x86_64-linux-gnu/ /usr/local/cuda/compat/ /etc/ld.so.conf.d/ 2>/dev/null; true")
+    with planted_bait(node) as planted:
+        yield planted
 
 
 @pytest.mark.parametrize("case", hostile.CASES)
 def test_hostile_image(podman: Podman, spec: dict[str, Any], node: SimNode, bait: Bait, case: str) -> None:
-    if hostile.needs_gcc(case) and shutil.which("gcc") is None:
-        pytest.skip(f"the {case} image needs gcc, which this machine lacks")
-    podman.load(hostile.hostile_image(case))
-    options = ["--device", "nvidia.com/gpu=0"]
-    if case in ("soname", "confvolume"):  # nobody, with a root-owned host folder it cannot write
-        options += ["--volume", f"{bait.root}/volume:{hostile.VOLUME}"]
-    done = podman.run(hostile.image_name(case), "sh", "-c", VIEW + "; " + _scan(bait.token), options=options)
-    print(f"OUTCOME {case}: {'runs' if done.returncode == 0 else 'refused: ' + done.stderr}")
-    bait.assert_untouched(f"by the {case} container")
-    if done.returncode != 0:
-        assert case not in MUST_RUN, f"{case} must not stop a GPU container: {done.stderr}"
-        assert "Traceback" not in done.stderr and 'File "' not in done.stderr, done.stderr
-        named = REFUSAL_NAMES.get(case, ())
-        assert any(n in done.stderr for n in named) or any(w in done.stderr.lower() for w in PROBLEM_WORDS), (
-            f"the refusal names neither {named} nor the problem: {done.stderr}")
-        return
-    sections = done.stdout.split(SEP + "\n")[1:]
-    assert_gpus(sections, [node.gpus[0]])
-    assert "/evil" not in sections[2] and "/usr/local/cuda/compat" not in sections[2], sections[2]
-    for line in sections[5].splitlines():
-        source_root = line.split()[3]
-        assert source_root == f"{bait.root}/volume" or not source_root.startswith(str(bait.root)), line
-    seen = sections[6]
-    assert bait.token not in seen and "libbait" not in seen and "host.conf" not in seen, seen
-    assert not (bait.root / "volume/planted").exists()
+    check_hostile_image(podman.load, podman.run, node, bait, case)
 
 
 # --------------------------------------------------------------------------- start time
-
-
-def start_p50(run: Any, label: str) -> None:
-    """p50 of ``<runtime> run --rm`` (``run(image, *cmd, options=...)``) without and with
-    ``--device nvidia.com/gpu=0``, printed (``-s``) for the README; a loose bound catches
-    a hook that hangs (speed itself is hack/bench's to measure)."""
-    p50 = {}
-    for kind, options in (("plain", []), ("gpu", ["--device", "nvidia.com/gpu=0"])):
-        runs = []
-        for _ in range(10):
-            start = time.monotonic()
-            assert run(GLIBC, "true", options=options).returncode == 0
-            runs.append(time.monotonic() - start)
-        p50[kind] = sorted(runs)[len(runs) // 2]
-    print(f"{label} run --rm p50: plain {p50['plain'] * 1000:.0f} ms, --device nvidia.com/gpu=0 {p50['gpu'] * 1000:.0f} ms")
-    assert p50["gpu"] < 10, p50
 
 
 def test_start_time_with_and_without_a_gpu(podman: Podman, spec: dict[str, Any]) -> None:
@@ -223,19 +138,4 @@ def test_start_time_with_and_without_a_gpu(podman: Podman, spec: dict[str, Any])
 
 
 def test_cuda_runtime_wheel_finds_the_driver(podman: Podman, spec: dict[str, Any]) -> None:
-    """NVIDIA's libcudart (the nvidia-cuda-runtime-cu12 wheel) finds libcuda.so.1 through
-    the container's ld.so cache: ``cudaDriverGetVersion`` gives 550's 12040, not 0."""
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.skip("the CUDA runtime probe needs gcc, which this machine lacks")
-    try:
-        image = cudart.cudart_image(gcc)
-    except subprocess.CalledProcessError as exc:  # offline, nothing cached
-        _cannot_run(f"cannot get the nvidia-cuda-runtime-cu12 wheel or build the probe: {exc}")
-    podman.load(image)
-    done = podman.run(cudart.IMAGE, "/probe", options=["--device", "nvidia.com/gpu=0"])
-    assert done.returncode == 0, done
-    assert done.stdout.split()[:2] == ["driver", str(cudart.DRIVER_API)], done.stdout
-    plain = podman.run(cudart.IMAGE, "/probe")  # the control: without the GPU no driver is found
-    assert plain.stdout.split()[:2] == ["driver", "0"], plain.stdout
-    print(f"with the GPU: {done.stdout.strip()}; without: {plain.stdout.strip()}")
+    check_cuda_runtime(podman.load, podman.run)

@@ -26,7 +26,7 @@ A dockerd whose test process died is stopped by ``reap_stale`` (run at ``start``
 its containerd is the containerd module's). The CLI gets its own ``DOCKER_CONFIG`` and
 ``DOCKER_HOST``. Docker's classic image store
 cannot ``docker load`` an OCI layout archive, so ``load`` ``docker import``s the image's
-one layer with its ``Env``, ``Cmd`` and ``WorkingDir``.
+one layer with its ``Env``, ``Cmd``, ``WorkingDir`` and ``User``.
 """
 from __future__ import annotations
 
@@ -205,7 +205,7 @@ class Docker:
 
     def load(self, image: Image) -> None:
         """Store ``image`` (a one-layer OCI layout tar) under its name: ``docker import``
-        of its layer, with the config's ``Env``, ``Cmd`` and ``WorkingDir``."""
+        of its layer, with the config's ``Env``, ``Cmd``, ``WorkingDir`` and ``User``."""
         with tarfile.open(image.tar) as outer:
             def blob(digest: str) -> bytes:
                 member = outer.extractfile(f"blobs/sha256/{digest.removeprefix('sha256:')}")
@@ -221,6 +221,8 @@ class Docker:
             changes.append(f"CMD {json.dumps(config['Cmd'])}")
         if config.get("WorkingDir"):
             changes.append(f"WORKDIR {config['WorkingDir']}")
+        if config.get("User"):  # the hostile soname and confvolume images run as nobody
+            changes.append(f"USER {config['User']}")
         self("import", *(f"--change={c}" for c in changes), "-", image.name, stdin=data)
 
     def run(self, image: str, *command: str, options: Sequence[str] = (), check: bool = False,
