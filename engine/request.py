@@ -411,6 +411,38 @@ def _requirements(
 # -- the request ----------------------------------------------------------------------------
 
 
+_VISIBLE_PREFIX = VISIBLE_DEVICES + "="
+_LEGACY_PREFIX = "CUDA_VERSION="
+_MARKER_PREFIX = VOLUME_MARKER_DIR + "/"
+
+
+def may_request(
+    annotations: Mapping[str, str],
+    container_name: str,
+    env: Iterable[str],
+    mount_destinations: Iterable[str],
+    policy: Policy,
+) -> bool:
+    """False only when ``parse_request`` would certainly find no source: no request,
+    no note and no error (a property test holds the two together).
+
+    The hot path's pre-filter: CreateContainer and StartContainer run for every
+    container of the node and almost all ask for nothing, so it reads the raw
+    ``KEY=VALUE`` env entries and mount destinations as they come, before any
+    conversion: two annotation lookups, one prefix scan of the env and, only when
+    policy reads them, one of the mounts. It mirrors the precedence above: the two
+    annotations, the volume markers, ``NVIDIA_VISIBLE_DEVICES``, the legacy
+    ``CUDA_VERSION`` rule. Saying yes too often costs a conversion; saying no
+    wrongly would silently ignore a GPU request."""
+    if POD_ANNOTATION in annotations or CONTAINER_ANNOTATION_PREFIX + container_name in annotations:
+        return True
+    legacy = policy.legacy_image_all_gpus
+    for entry in env:
+        if entry.startswith(_VISIBLE_PREFIX) or (legacy and entry.startswith(_LEGACY_PREFIX)):
+            return True
+    return policy.accept_volume_mounts and any(d.startswith(_MARKER_PREFIX) for d in mount_destinations)
+
+
 def parse_request(info: ContainerInfo, policy: Policy) -> RequestOutcome:
     """The GPU request of one container, by the precedence in the module docstring.
 

@@ -2,9 +2,10 @@
 
 ``may_request`` is the hot path: CreateContainer and StartContainer run for
 every container of the node, under the runtime's lock, and almost all of them
-ask for nothing. It answers with two annotation lookups and one scan of the env
-list for a prefix (plus the mount markers only when policy reads them), before
-any conversion happens.
+ask for nothing. It hands the message's fields, unconverted, to the engine's
+pre-filter (``engine.request.may_request``, beside the precedence rules it
+mirrors), and adds the one case that is no request: a container CDI already
+gave GPUs, under ``policy.equipped_containers = "complete"``.
 
 Both paths read a bounded amount. The NRI message is at most 4 MiB (the ttrpc
 frame limit): 800k env entries at most, 58 ms to scan. A container that asks for
@@ -29,30 +30,22 @@ from engine.request import (
     VOLUME_MARKER_DIR,
     ContainerInfo,
 )
+from engine.request import may_request as _may_request
 from plugin._proto import nri_pb2 as api
 
-_ENV_PREFIX = "NVIDIA_VISIBLE_DEVICES="
-_LEGACY_PREFIX = "CUDA_VERSION="
 _MARKER_PREFIX = VOLUME_MARKER_DIR + "/"
-_REQUEST_ENV = ("NVIDIA_", _LEGACY_PREFIX)  # every name engine.request reads starts so
+_REQUEST_ENV = ("NVIDIA_", "CUDA_VERSION=")  # every name engine.request reads starts so
 
 
 def may_request(pod: api.PodSandbox, container: api.Container, policy: Policy) -> bool:
     """False only when the container certainly asks for no GPU (cheap; see module doc)."""
-    annotations = pod.annotations
-    if POD_ANNOTATION in annotations or CONTAINER_ANNOTATION_PREFIX + container.name in annotations:
+    if _may_request(pod.annotations, container.name, container.env,
+                    (m.destination for m in container.mounts), policy):
         return True
-    for entry in container.env:
-        if entry.startswith(_ENV_PREFIX) or (policy.legacy_image_all_gpus and entry.startswith(_LEGACY_PREFIX)):
-            return True
     # A container CDI already gave GPUs is completed without a request of ours.
-    if policy.equipped_containers == "complete" and any(
+    return policy.equipped_containers == "complete" and any(
         d.path.startswith("/dev/nvidia") for d in container.linux.devices
-    ):
-        return True
-    if not policy.accept_volume_mounts:
-        return False
-    return any(m.destination.startswith(_MARKER_PREFIX) for m in container.mounts)
+    )
 
 
 def first_values(container: api.Container, keys: tuple[str, ...]) -> dict[str, str]:

@@ -39,6 +39,7 @@ from engine.request import (
     parse_device_list,
     parse_request,
 )
+from engine.request import may_request as engine_may_request
 from engine.requirements import MAX_MESSAGE, MAX_NOTES, NodeFacts, check
 from plugin._proto import nri_pb2 as api
 from plugin.request import container_info, may_request
@@ -267,6 +268,25 @@ def test_capabilities(value: str | None, legacy: bool) -> None:
 )
 def test_parse_request(info: ContainerInfo, policy: Policy) -> None:
     check_outcome(bounded(parse_request, info, policy), policy)
+
+
+@fuzz(300)
+@given(info=INFOS, policy=POLICIES, noise=st.lists(st.sampled_from(["PATH=/bin", "NVIDIA_VISIBLE_DEVICESX=0",
+                                                                    "nvidia_visible_devices=0", "CUDA_VERSIONS=1"]),
+                                                   max_size=2))
+@example(info=ContainerInfo(name="main", env={"CUDA_VERSION": "12.4"}), policy=Policy(legacy_image_all_gpus=True),
+         noise=[])
+@example(info=ContainerInfo(name="main", mounts=(("/dev/null", f"{VOLUME_MARKER_DIR}/0"),)),
+         policy=Policy(accept_volume_mounts=True), noise=[])
+def test_the_pre_filter_never_hides_a_request(info: ContainerInfo, policy: Policy, noise: list[str]) -> None:
+    """Whenever the hot path's pre-filter says no, the parser finds nothing: no
+    request, no note, no error. (A drift between the two would silently drop GPU
+    requests: the pre-filter runs first and skips the parser.)"""
+    env = [*noise, *(f"{key}={value}" for key, value in info.env.items())]
+    destinations = ["/etc/hosts", *(destination for _, destination in info.mounts)]
+    if engine_may_request(info.pod_annotations, info.name, env, destinations, policy):
+        return
+    assert bounded(parse_request, info, policy) == RequestOutcome(None)
 
 
 @st.composite
