@@ -38,15 +38,21 @@ class Folder:
     """The folder of ``path``'s files, held open (``with Folder(...) as folder``).
 
     A folder that does not exist reads as empty, and is created (mode 0755,
-    with its parents) by the first write when ``create`` is set."""
+    with its parents) by the first write when ``create`` is set. With ``at``, a
+    descriptor of the folder already looked up (``nri-gpu node-setup`` resolves it
+    inside the host's root), that folder is used and ``path`` only names it."""
 
-    def __init__(self, path: Path, *, create: bool = False) -> None:
+    def __init__(self, path: Path, *, create: bool = False, at: int | None = None) -> None:
         self.path = path
         self._create = create
+        self._at = at
         self._fd: int | None = None
 
     def __enter__(self) -> Folder:
         try:
+            if self._at is not None:
+                self._fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self._at)
+                return self
             self._fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except FileNotFoundError:
             self._fd = None

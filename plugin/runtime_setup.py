@@ -488,9 +488,13 @@ def _merged(first: Record, changes: list[Change]) -> list[Change]:
 
 
 def install_containerd(
-    path: Path, socket: str | None, dry_run: bool = False, fail_closed: FailClosed | None = None
+    path: Path,
+    socket: str | None,
+    dry_run: bool = False,
+    fail_closed: FailClosed | None = None,
+    at: int | None = None,
 ) -> Result:
-    with Folder(path.parent, create=not dry_run) as folder:
+    with Folder(path.parent, create=not dry_run, at=at) as folder:
         return _install_containerd(folder, path, socket, dry_run, fail_closed)
 
 
@@ -555,8 +559,8 @@ def _show(value: Any) -> str:
     return "unset" if value is None else tomlkit.item(value).as_string()
 
 
-def uninstall_containerd(path: Path, dry_run: bool = False) -> Result:
-    with Folder(path.parent) as folder:
+def uninstall_containerd(path: Path, dry_run: bool = False, at: int | None = None) -> Result:
+    with Folder(path.parent, at=at) as folder:
         return _uninstall_containerd(folder, path, dry_run)
 
 
@@ -605,14 +609,18 @@ def _uninstall_containerd(folder: Folder, path: Path, dry_run: bool) -> Result:
 
 
 def install_crio(
-    dropin_dir: Path, socket: str | None, dry_run: bool = False, fail_closed: FailClosed | None = None
+    dropin_dir: Path,
+    socket: str | None,
+    dry_run: bool = False,
+    fail_closed: FailClosed | None = None,
+    at: int | None = None,
 ) -> Result:
     path = dropin_dir / CRIO_DROPIN_NAME
     text = crio_dropin(socket, fail_closed)
     what = "[crio.nri] enable_nri = true" + (
         f", [crio.nri.{VALIDATOR}] nri_enable_default_validator = true" if fail_closed else ""
     )
-    with Folder(dropin_dir, create=not dry_run) as folder:
+    with Folder(dropin_dir, create=not dry_run, at=at) as folder:
         found = folder.read(CRIO_DROPIN_NAME, if_link=_OURS_LINK)
         before = None
         if found is not None:
@@ -633,9 +641,9 @@ def install_crio(
         return result
 
 
-def uninstall_crio(dropin_dir: Path, dry_run: bool = False) -> Result:
+def uninstall_crio(dropin_dir: Path, dry_run: bool = False, at: int | None = None) -> Result:
     path = dropin_dir / CRIO_DROPIN_NAME
-    with Folder(dropin_dir) as folder:
+    with Folder(dropin_dir, at=at) as folder:
         found = folder.read(CRIO_DROPIN_NAME, if_link=_OURS_LINK)
         if found is None:
             return Result(path, False, [f"{path}: not there; nothing to undo"])
@@ -651,14 +659,21 @@ def uninstall_crio(dropin_dir: Path, dry_run: bool = False) -> Result:
 
 
 def install(
-    runtime: str, config: Path | None, socket: str | None, dry_run: bool = False, fail_closed: FailClosed | None = None
+    runtime: str,
+    config: Path | None,
+    socket: str | None,
+    dry_run: bool = False,
+    fail_closed: FailClosed | None = None,
+    at: int | None = None,
 ) -> Result:
+    """``at``: a descriptor of the config's folder (containerd) or of the drop-in
+    folder (CRI-O), already looked up; ``config`` then only names it."""
     if runtime == "containerd":
-        return install_containerd(config or Path(CONTAINERD_CONFIG), socket, dry_run, fail_closed)
-    return install_crio(config or Path(CRIO_DROPIN_DIR), socket, dry_run, fail_closed)
+        return install_containerd(config or Path(CONTAINERD_CONFIG), socket, dry_run, fail_closed, at)
+    return install_crio(config or Path(CRIO_DROPIN_DIR), socket, dry_run, fail_closed, at)
 
 
-def uninstall(runtime: str, config: Path | None, dry_run: bool = False) -> Result:
+def uninstall(runtime: str, config: Path | None, dry_run: bool = False, at: int | None = None) -> Result:
     if runtime == "containerd":
-        return uninstall_containerd(config or Path(CONTAINERD_CONFIG), dry_run)
-    return uninstall_crio(config or Path(CRIO_DROPIN_DIR), dry_run)
+        return uninstall_containerd(config or Path(CONTAINERD_CONFIG), dry_run, at)
+    return uninstall_crio(config or Path(CRIO_DROPIN_DIR), dry_run, at)

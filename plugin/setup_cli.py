@@ -1,4 +1,5 @@
-"""The node-setup commands of ``nri-gpu``: ``config default``, ``install``, ``uninstall``.
+"""The node-setup commands of ``nri-gpu``: ``config default``, ``install``, ``uninstall``
+and ``node-setup`` (the DaemonSet's init step, in ``plugin.node_setup``).
 
 ``__main__`` adds them to its parser and hands their parsed arguments here.
 Exit codes: 0 done (or nothing to do), 1 refused (the message names the file and
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from plugin import node_setup
 from plugin.cdi_conflicts import conflicts
 from plugin.config import DEFAULT_NAME, ConfigError, Settings, from_toml
 from plugin.config_doc import default_config
@@ -42,7 +44,7 @@ from plugin.runtime_setup import (
     uninstall,
 )
 
-COMMANDS = ("config", "install", "uninstall")
+COMMANDS = ("config", "install", "uninstall", node_setup.COMMAND)
 CDI_RUNTIMES = ("docker", "podman")  # no NRI: a CDI spec (and Docker's features.cdi)
 _SERVICE = {"containerd": "containerd", "crio": "crio", "docker": "docker"}
 # The node config cdi generate reads by default (plugin.__main__.DEFAULT_CONFIG_FILE).
@@ -54,6 +56,7 @@ def add_commands(commands: Any) -> None:
     """Add the commands to ``commands`` (the parser's subparsers action)."""
     config = commands.add_parser("config", help="print the annotated default config file")
     config.add_argument("action", choices=("default",), help="default: the config file with every option documented")
+    node_setup.add_command(commands)
 
     where = (
         f"containerd: the config file (default {CONTAINERD_CONFIG}); crio: the drop-in dir (default {CRIO_DROPIN_DIR}); "
@@ -245,6 +248,8 @@ def main(args: argparse.Namespace) -> int:
     if args.command == "config":
         sys.stdout.write(default_config())
         return 0
+    if args.command == node_setup.COMMAND:
+        return node_setup.main(args)
     if args.runtime in CDI_RUNTIMES:
         return _main_cdi(args)
     try:
