@@ -12,7 +12,9 @@ checked. The file layer keeps, as the containerd edit does, the original bytes
 (``daemon.json.nri-gpu-orig``) and a record (``daemon.json.nri-gpu.json``): uninstall
 restores the file byte for byte (or removes it, when install created it), or, when
 someone edited it since, reverts only ``features.cdi``. Files are read and written
-through ``plugin.config_files`` (by descriptor, links refused).
+through ``plugin.config_files`` (by descriptor, links refused). Install also writes
+the systemd units that rewrite the spec at boot and when the driver changes
+(``plugin.systemd_unit``), checked before anything is written; uninstall removes them.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from plugin.cdi_conflicts import KIND
 from plugin.config_files import Folder
 from plugin.events import parse_version
 from plugin.runtime_setup import Result, SetupError, backup_path, record_path, unified_diff
+from plugin.systemd_unit import install_units, refuse_if_enabled, uninstall_units
 
 __all__ = [
     "CDI_DEFAULT_SINCE",
@@ -36,6 +39,7 @@ __all__ = [
     "DEFAULT_SPEC",
     "DaemonChange",
     "SpecResult",
+    "Units",
     "daemon_cdi_change",
     "daemon_enable",
     "daemon_revert",
@@ -60,9 +64,19 @@ _DECODER = json.JSONDecoder()
 
 @dataclasses.dataclass
 class SpecResult(Result):
-    """A ``Result`` that also says whether dockerd must restart (daemon.json changed)."""
+    """A ``Result`` that also says whether dockerd must restart (daemon.json changed)
+    and whether the systemd units were written or changed (to enable them)."""
 
     restart: bool = False
+    units_changed: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Units:
+    """The systemd unit files (``plugin.systemd_unit``) install writes into ``folder``."""
+
+    folder: Path
+    texts: dict[str, str]
 
 
 # ---------------------------------------------------------------- text layer (pure)
@@ -351,17 +365,29 @@ def _install_daemon(path: Path, spec: Path, needed: bool, dry_run: bool, result:
 
 
 def install_spec_runtime(
-    runtime: str, spec: Path, spec_text: str, daemon: Path | None, needed: bool, dry_run: bool = False
+    runtime: str,
+    spec: Path,
+    spec_text: str,
+    daemon: Path | None,
+    needed: bool,
+    dry_run: bool = False,
+    units: Units | None = None,
 ) -> SpecResult:
     """Write the CDI spec ``spec_text`` to ``spec``; for Docker (``daemon`` set), turn
-    on ``features.cdi`` there when ``needed`` (or when it was turned off by hand)."""
+    on ``features.cdi`` there when ``needed`` (or when it was turned off by hand); and
+    write the systemd ``units`` that keep the spec true."""
     result = SpecResult(spec, False)
-    if daemon is not None and not dry_run:
-        # Refused before anything is written (a malformed daemon.json, a link).
-        _install_daemon(daemon, spec, needed, True, SpecResult(daemon, False))
+    if not dry_run:
+        # Refused before anything is written (a malformed daemon.json, a link, a unit not ours).
+        if daemon is not None:
+            _install_daemon(daemon, spec, needed, True, SpecResult(daemon, False))
+        if units is not None:
+            install_units(units.folder, units.texts, True, SpecResult(units.folder, False))
     _install_spec(spec, spec_text, dry_run, result)
     if daemon is not None:
         _install_daemon(daemon, spec, needed, dry_run, result)
+    if units is not None:
+        result.units_changed = install_units(units.folder, units.texts, dry_run, result)
     result.messages.append(f"use: {runtime} run --rm --device {KIND}=0 IMAGE nvidia-smi (or {KIND}=all)")
     return result
 
@@ -408,10 +434,14 @@ def _uninstall_daemon(path: Path, dry_run: bool, result: SpecResult) -> None:
             folder.remove(record_path(path).name)
 
 
-def uninstall_spec_runtime(spec: Path, daemon: Path | None, dry_run: bool = False) -> SpecResult:
+def uninstall_spec_runtime(
+    spec: Path, daemon: Path | None, dry_run: bool = False, unit_dir: Path | None = None
+) -> SpecResult:
     """Remove the CDI spec at ``spec`` (only one of our kind); for Docker, undo the
-    ``daemon.json`` edit."""
+    ``daemon.json`` edit; remove our systemd units from ``unit_dir``."""
     result = SpecResult(spec, False)
+    if unit_dir is not None and not dry_run:
+        refuse_if_enabled(unit_dir)  # before anything is removed
     with Folder(spec.parent) as folder:
         found = folder.read(spec.name, if_link=_OURS_LINK)
         if found is None:
@@ -428,4 +458,6 @@ def uninstall_spec_runtime(spec: Path, daemon: Path | None, dry_run: bool = Fals
                 folder.remove(spec.name)
     if daemon is not None:
         _uninstall_daemon(daemon, dry_run, result)
+    if unit_dir is not None:
+        uninstall_units(unit_dir, dry_run, result)
     return result

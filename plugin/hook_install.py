@@ -41,7 +41,7 @@ import stat
 import subprocess
 from collections.abc import Iterable
 
-__all__ = ["check_file", "check_imports", "check_install", "check_tree"]
+__all__ = ["check_file", "check_folder", "check_imports", "check_install", "check_tree"]
 
 _HOPS = 40  # symlinks followed in one path, as the kernel's limit
 _SHEBANG_LIMIT = 256  # what the kernel reads of a script's #! line
@@ -145,6 +145,20 @@ def _resolve(path: str, problems: list[str], *, missing_ok: bool = False) -> tup
 def check_file(path: str) -> list[str]:
     """Problems with running ``path``: it, and every directory on the way to it."""
     return _check(path, regular=True)
+
+
+def check_folder(path: str) -> list[str]:
+    """Problems with a folder a root service reads or writes (not its contents): it and
+    every directory on the way. Missing is fine where only root could create it."""
+    problems: list[str] = []
+    found = _resolve(path, problems, missing_ok=True)
+    if found is not None:
+        real, info = found
+        if not stat.S_ISDIR(info.st_mode):
+            problems.append(f"{real} is not a directory")
+        elif problem := _owner_problem(real, info, sticky_ok=False):
+            problems.append(problem)
+    return problems
 
 
 def _check(path: str, *, regular: bool) -> list[str]:

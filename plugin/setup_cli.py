@@ -25,6 +25,7 @@ from plugin.docker_setup import (
     DAEMON_JSON,
     DEFAULT_SPEC,
     SpecResult,
+    Units,
     install_spec_runtime,
     needs_cdi_feature,
     parse_docker_version,
@@ -43,6 +44,7 @@ from plugin.runtime_setup import (
     parse_runtime_version,
     uninstall,
 )
+from plugin.systemd_unit import UNIT_DIR, disable_command, enable_command, enabled_links, planned_units
 
 COMMANDS = ("config", "install", "uninstall", node_setup.COMMAND)
 CDI_RUNTIMES = ("docker", "podman")  # no NRI: a CDI spec (and Docker's features.cdi)
@@ -78,6 +80,13 @@ def add_commands(commands: Any) -> None:
             default=Path(DEFAULT_SPEC),
             help=f"docker, podman: the CDI spec file (default {DEFAULT_SPEC})",
         )
+        cmd.add_argument(
+            "--unit-dir",
+            metavar="DIR",
+            type=Path,
+            default=Path(UNIT_DIR),
+            help=f"docker, podman: where the systemd units that rewrite the spec go (default {UNIT_DIR})",
+        )
         if name == "install":
             cmd.add_argument("--socket", metavar="PATH", help="NRI socket the runtime should listen on")
             cmd.add_argument(
@@ -95,6 +104,12 @@ def add_commands(commands: Any) -> None:
                 help="INSECURE: write the spec even when users other than root can change the hook's files",
             )
             cdi.add_argument("--capabilities", metavar="LIST", help="driver capabilities (default utility,compute)")
+            cdi.add_argument(
+                "--no-unit",
+                action="store_true",
+                help="no systemd units (nri-gpu-cdi.service and .path: the spec rewritten at boot and when the "
+                "driver changes); for a node whose nri-gpu run keeps the spec ([cdi] spec)",
+            )
             for root in ("driver", "dev", "proc", "host"):
                 cdi.add_argument(f"--{root}-root", metavar="DIR", help="as for nri-gpu cdi generate")
             cmd.add_argument(
@@ -186,8 +201,9 @@ def _docker_version(args: argparse.Namespace) -> tuple[tuple[int, int, int] | No
     return None, "; ".join(why)
 
 
-def _spec(args: argparse.Namespace, argv0: str) -> str | None:
-    """The spec ``cdi generate`` would write (None, with the reason printed, when refused)."""
+def _spec(args: argparse.Namespace, argv0: str) -> tuple[str, str] | None:
+    """The spec ``cdi generate`` would write and the driver root on the host (None, with
+    the reason printed, when refused)."""
     # Imported here: the CDI path pulls in the engine, which containerd and CRI-O setup never need.
     from engine.cdi import hook_command
     from engine.discover import discover
@@ -219,17 +235,37 @@ def _spec(args: argparse.Namespace, argv0: str) -> str | None:
         return None
     for conflict in conflicts(str(args.cdi_spec)):
         print(f"nri-gpu: warning: {conflict.message}", file=sys.stderr)
-    return text
+    return text, str(Path(engine.host_root, engine.driver_root.lstrip("/")))
+
+
+def _units(args: argparse.Namespace, driver_root: str) -> Units | None:
+    """The systemd units that run this install's ``cdi generate`` again (None: --no-unit)."""
+    from plugin import cdi_cli
+
+    if args.no_unit:
+        return None
+    hook_path = args.hook_path or cdi_cli.own_path(sys.argv[0] if sys.argv else "")
+    flags = []
+    for name in ("driver_root", "dev_root", "proc_root", "host_root", "capabilities"):
+        if getattr(args, name):
+            flags += ["--" + name.replace("_", "-"), getattr(args, name)]
+    texts = planned_units(str(hook_path), args.cdi_spec, flags, driver_root, args.unit_dir)
+    return Units(args.unit_dir, texts)
 
 
 def _cdi_runtime(args: argparse.Namespace) -> SpecResult | None:
     """install/uninstall for Docker and podman (None: refused, the reason printed)."""
     daemon = (args.config or Path(DAEMON_JSON)) if args.runtime == "docker" else None
     if args.command == "uninstall":
-        return uninstall_spec_runtime(args.cdi_spec, daemon, args.dry_run)
-    text = _spec(args, sys.argv[0] if sys.argv else "")
-    if text is None:
+        enabled = enabled_links(args.unit_dir)  # disabled first: removed, they would dangle
+        if args.restart and not args.dry_run and enabled and _systemctl([disable_command()]) != 0:
+            return None
+        return uninstall_spec_runtime(args.cdi_spec, daemon, args.dry_run, args.unit_dir)
+    found = _spec(args, sys.argv[0] if sys.argv else "")
+    if found is None:
         return None
+    text, driver_root = found
+    units = _units(args, driver_root)
     needed, why = False, ""
     if daemon is not None:
         version, said = _docker_version(args)
@@ -238,7 +274,7 @@ def _cdi_runtime(args: argparse.Namespace) -> SpecResult | None:
         why = f"Docker version {shown} ({said})" + (
             "; features.cdi is set anyway (harmless where CDI is on by default)" if version is None else ""
         )
-    result = install_spec_runtime(args.runtime, args.cdi_spec, text, daemon, needed, args.dry_run)
+    result = install_spec_runtime(args.runtime, args.cdi_spec, text, daemon, needed, args.dry_run, units)
     if why:
         result.messages.insert(0, why)
     return result
@@ -292,9 +328,25 @@ def _main_cdi(args: argparse.Namespace) -> int:
     if args.dry_run:
         print("dry run: nothing written")
         return 0
+    if result.units_changed:
+        if not args.restart:
+            print("Enable the units: " + " && ".join(" ".join(c) for c in enable_command()))
+        elif _systemctl(enable_command()) != 0:
+            return 1
     if not result.restart:
         return 0
     return _restart(args, "Restart dockerd for daemon.json to take effect")
+
+
+def _systemctl(commands: list[list[str]]) -> int:
+    """Run ``commands`` (systemctl for our units) in turn; the first failure's exit code."""
+    for command in commands:
+        print(f"running: {' '.join(command)}")
+        done = subprocess.run(command, check=False)
+        if done.returncode != 0:
+            print(f"nri-gpu: {' '.join(command)} failed with exit code {done.returncode}", file=sys.stderr)
+            return 1
+    return 0
 
 
 def _restart(args: argparse.Namespace, advice: str) -> int:

@@ -237,15 +237,16 @@ def test_the_cli_installs_for_docker_with_a_given_version(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spec, daemon = _paths(tmp_path)
-    monkeypatch.setattr(setup_cli, "_spec", lambda args, argv0: SPEC)
-    argv = ["install", "--runtime", "docker", "--config", str(daemon), "--cdi-spec", str(spec)]
+    monkeypatch.setattr(setup_cli, "_spec", lambda args, argv0: (SPEC, "/"))
+    argv = ["install", "--runtime", "docker", "--config", str(daemon), "--cdi-spec", str(spec), "--no-unit"]
     assert main([*argv, "--runtime-version", "26.1.5"]) == 0
     out = capsys.readouterr().out
     assert "Docker version 26.1.5" in out and "systemctl restart docker" in out
     assert json.loads(daemon.read_text()) == {"features": {"cdi": True}}
     assert main([*argv, "--runtime-version", "26.1.5"]) == 0
     assert "systemctl" not in capsys.readouterr().out  # nothing changed: no restart asked for
-    assert main(["uninstall", "--runtime", "docker", "--config", str(daemon), "--cdi-spec", str(spec)]) == 0
+    units = ["--unit-dir", str(tmp_path / "units")]
+    assert main(["uninstall", "--runtime", "docker", "--config", str(daemon), "--cdi-spec", str(spec), *units]) == 0
     assert not daemon.exists() and not spec.exists()
 
 
@@ -253,8 +254,8 @@ def test_the_cli_refuses_docker_before_25(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spec, daemon = _paths(tmp_path)
-    monkeypatch.setattr(setup_cli, "_spec", lambda args, argv0: SPEC)
-    argv = ["install", "--runtime", "docker", "--config", str(daemon), "--cdi-spec", str(spec)]
+    monkeypatch.setattr(setup_cli, "_spec", lambda args, argv0: (SPEC, "/"))
+    argv = ["install", "--runtime", "docker", "--config", str(daemon), "--cdi-spec", str(spec), "--no-unit"]
     assert main([*argv, "--runtime-version", "24.0.7"]) == 1
     assert "no CDI support" in capsys.readouterr().err
     assert not spec.exists()
@@ -269,9 +270,9 @@ def test_the_cli_asks_dockerd_for_its_version(
     fake = bin_dir / "dockerd"
     fake.write_text("#!/bin/sh\necho 'Docker version 28.5.2, build 89c5e8f'\n")
     fake.chmod(0o755)
-    monkeypatch.setattr(setup_cli, "_spec", lambda args, argv0: SPEC)
+    monkeypatch.setattr(setup_cli, "_spec", lambda args, argv0: (SPEC, "/"))
     monkeypatch.setattr(setup_cli.shutil, "which", lambda name: str(fake) if name == "dockerd" else None)
-    argv = ["install", "--runtime", "docker", "--config", str(daemon), "--cdi-spec", str(spec), "--dry-run"]
+    argv = ["install", "--runtime", "docker", "--config", str(daemon), "--cdi-spec", str(spec), "--dry-run", "--no-unit"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "Docker version 28.5.2" in out and "on by default" in out and "dry run: nothing written" in out
@@ -284,10 +285,10 @@ def test_the_cli_writes_a_real_spec_for_podman(tmp_path: Path, capsys: pytest.Ca
     node = build_node(tmp_path / "node", gpus=1)
     spec = tmp_path / "cdi" / "nri-gpu.json"
     argv = ["install", "--runtime", "podman", "--cdi-spec", str(spec), *node.flags()]
-    argv += ["--hook-path", "/opt/nri-gpu/bin/nri-gpu", "--allow-untrusted-hook"]
+    argv += ["--hook-path", "/opt/nri-gpu/bin/nri-gpu", "--allow-untrusted-hook", "--no-unit"]
     assert main(argv) == 0, capsys.readouterr().err
     assert json.loads(spec.read_text())["kind"] == "nvidia.com/gpu"
-    assert main(["uninstall", "--runtime", "podman", "--cdi-spec", str(spec)]) == 0
+    assert main(["uninstall", "--runtime", "podman", "--cdi-spec", str(spec), "--unit-dir", str(tmp_path / "u")]) == 0
     assert not spec.exists()
 
 

@@ -1,0 +1,207 @@
+"""The systemd units ``nri-gpu install --runtime docker|podman`` writes (plugin/systemd_unit.py).
+
+systemd does not run on the test machines, so the units are checked by
+``systemd-analyze verify`` (skipped, saying so, where it is absent), and the
+command the service runs is taken from the written unit and run as it stands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from plugin.__main__ import main
+from plugin.cdi_cli import INSTALL_LINK
+from plugin.docker_setup import DEFAULT_SPEC
+from plugin.hook_install import check_install
+from plugin.runtime_setup import SetupError
+from plugin.systemd_unit import PATH_UNIT, SERVICE, UNITS, exec_start, planned_units, unit_texts
+from tests.testbed.gpunode import SimNode, build_node
+from tests.testbed.plugins import NRI_GPU
+
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "systemd"
+
+
+def _exec_start(unit: Path) -> list[str]:
+    (line,) = [x for x in unit.read_text().splitlines() if x.startswith("ExecStart=")]
+    return shlex.split(line.removeprefix("ExecStart="))
+
+
+@pytest.fixture
+def trusted_hook() -> str:
+    """This checkout's nri-gpu, where root alone can change it (a unit names no other)."""
+    problems = check_install(NRI_GPU)
+    if problems:
+        pytest.skip(f"{NRI_GPU} is not root's alone, so no unit may run it: {problems[0]}")
+    return NRI_GPU
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> SimNode:
+    return build_node(tmp_path / "node", gpus=2)
+
+
+def _install(tmp_path: Path, node: SimNode, hook: str, *more: str) -> list[str]:
+    return [
+        "install", "--runtime", "podman", "--cdi-spec", str(tmp_path / "cdi" / "nri-gpu.json"),
+        "--unit-dir", str(tmp_path / "units"), "--hook-path", hook, *node.flags(), *more,
+    ]  # fmt: skip
+
+
+def test_the_shipped_units_are_what_install_writes_for_the_readme_install() -> None:
+    texts = unit_texts(exec_start(INSTALL_LINK, Path(DEFAULT_SPEC), []))
+    assert {p.name: p.read_text() for p in DEPLOY.iterdir()} == texts
+
+
+def test_the_service_has_no_remain_after_exit_and_the_path_unit_watches_the_driver() -> None:
+    texts = unit_texts(exec_start("/usr/local/bin/nri-gpu", Path("/etc/cdi/x.json"), []), "/run/nvidia/driver")
+    # An active (exited) oneshot is not started again: later driver changes would do nothing.
+    assert "RemainAfterExit" not in texts[SERVICE] and "Type=oneshot" in texts[SERVICE]
+    assert "PathChanged=/run/nvidia/driver/etc/ld.so.cache" in texts[PATH_UNIT]
+    assert "PathChanged=/lib/modules/%v/modules.dep" in texts[PATH_UNIT]
+    assert f"Unit={SERVICE}" in texts[PATH_UNIT]
+
+
+@pytest.mark.parametrize(
+    ("spec", "bad"),
+    [("/etc/cdi/a b.json", "a b.json"), ("/etc/cdi/100%.json", "100%.json"), ("/etc/cdi/$X.json", "$X.json")],
+)
+def test_a_value_systemd_would_read_otherwise_is_refused_by_name(spec: str, bad: str) -> None:
+    with pytest.raises(SetupError, match="systemd unit names only") as caught:
+        exec_start("/usr/local/bin/nri-gpu", Path(spec), [])
+    assert bad in str(caught.value)
+
+
+def test_systemd_analyze_verifies_the_units(tmp_path: Path, trusted_hook: str) -> None:
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed here")
+    texts = unit_texts(exec_start(trusted_hook, tmp_path / "cdi" / "x.json", ["--driver-root", str(tmp_path)]))
+    for name, text in texts.items():
+        (tmp_path / name).write_text(text)
+    paths = [str(tmp_path / name) for name in UNITS]
+    done = subprocess.run([analyze, "verify", *paths], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "nri-gpu-cdi" not in done.stdout + done.stderr, done
+    # The control: verify does speak up about a unit it cannot use.
+    (tmp_path / SERVICE).write_text(texts[SERVICE].replace("Type=oneshot", "Type=once"))
+    bad = subprocess.run([analyze, "verify", *paths], capture_output=True, text=True, timeout=60)
+    assert "nri-gpu-cdi.service" in bad.stdout + bad.stderr, bad
+
+
+def test_the_unit_command_writes_the_spec_install_wrote(
+    tmp_path: Path, node: SimNode, trusted_hook: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(_install(tmp_path, node, trusted_hook, "--capabilities", "utility")) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "Enable the units: systemctl daemon-reload && systemctl enable --now" in out
+    spec = tmp_path / "cdi" / "nri-gpu.json"
+    written = spec.read_bytes()
+    argv = _exec_start(tmp_path / "units" / SERVICE)
+    assert argv[:5] == [trusted_hook, "cdi", "generate", "--output", str(spec)]
+    assert "--capabilities" in argv and "--driver-root" in argv
+    spec.unlink()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"}, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert spec.read_bytes() == written
+    assert [d["name"] for d in json.loads(written)["devices"]][-1] == "all"
+
+
+def test_install_twice_is_no_change_and_uninstall_removes_only_ours(
+    tmp_path: Path, node: SimNode, trusted_hook: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    units = tmp_path / "units"
+    units.mkdir()
+    (units / "other.service").write_text("[Service]\nExecStart=/bin/true\n")
+    dry = main([*_install(tmp_path, node, trusted_hook), "--dry-run"])
+    out = capsys.readouterr().out
+    assert dry == 0 and f"+++ {units / SERVICE}" in out and "ExecStart=" in out
+    assert sorted(os.listdir(units)) == ["other.service"]
+    assert main(_install(tmp_path, node, trusted_hook)) == 0
+    first = {name: (units / name).read_bytes() for name in UNITS}
+    capsys.readouterr()
+    assert main(_install(tmp_path, node, trusted_hook)) == 0
+    out = capsys.readouterr().out
+    assert "Enable the units" not in out and {n: (units / n).read_bytes() for n in UNITS} == first
+    assert main(["uninstall", "--runtime", "podman", "--cdi-spec", str(tmp_path / "cdi" / "nri-gpu.json"),
+                 "--unit-dir", str(units)]) == 0  # fmt: skip
+    assert sorted(os.listdir(units)) == ["other.service"]
+
+
+def test_a_unit_file_not_ours_is_refused_and_nothing_is_written(
+    tmp_path: Path, node: SimNode, trusted_hook: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    units = tmp_path / "units"
+    units.mkdir()
+    (units / PATH_UNIT).write_text("[Path]\nPathChanged=/etc/passwd\n")
+    assert main(_install(tmp_path, node, trusted_hook)) == 1
+    assert "not written by nri-gpu" in capsys.readouterr().err
+    assert not (tmp_path / "cdi" / "nri-gpu.json").exists() and not (units / SERVICE).exists()
+
+
+def test_uninstall_is_refused_while_the_units_are_enabled(
+    tmp_path: Path, node: SimNode, trusted_hook: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(_install(tmp_path, node, trusted_hook)) == 0
+    wants = tmp_path / "units" / "multi-user.target.wants"
+    wants.mkdir()
+    (wants / PATH_UNIT).symlink_to(tmp_path / "units" / PATH_UNIT)  # what systemctl enable makes
+    spec = tmp_path / "cdi" / "nri-gpu.json"
+    argv = ["uninstall", "--runtime", "podman", "--cdi-spec", str(spec), "--unit-dir", str(tmp_path / "units")]
+    assert main(argv) == 1
+    assert "systemctl disable --now nri-gpu-cdi.path nri-gpu-cdi.service" in capsys.readouterr().err
+    assert spec.exists() and (tmp_path / "units" / SERVICE).exists()
+
+
+def test_a_hook_or_folder_others_can_change_is_refused_for_the_unit(tmp_path: Path, trusted_hook: str) -> None:
+    """No --allow-untrusted-hook for a unit: it runs unattended at every boot."""
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    with pytest.raises(SetupError, match="users other than root") as caught:
+        planned_units(trusted_hook, open_dir / "nri-gpu.json", [], None, tmp_path / "units")
+    assert str(open_dir) in str(caught.value)
+    with pytest.raises(SetupError, match="users other than root") as caught:
+        planned_units(trusted_hook, tmp_path / "cdi.json", ["--driver-root", str(open_dir)], None, tmp_path / "u")
+    assert str(open_dir) in str(caught.value)
+    hook = open_dir / "nri-gpu"
+    shutil.copy(trusted_hook, hook)
+    with pytest.raises(SetupError, match="is writable by its group and others") as caught:
+        planned_units(str(hook), tmp_path / "cdi.json", [], None, tmp_path / "units")
+    assert str(open_dir) in str(caught.value)
+
+
+def test_no_unit_writes_none(tmp_path: Path, node: SimNode, trusted_hook: str) -> None:
+    assert main([*_install(tmp_path, node, trusted_hook), "--no-unit"]) == 0
+    assert not (tmp_path / "units").exists() and (tmp_path / "cdi" / "nri-gpu.json").exists()
+
+
+def test_restart_enables_the_units_and_disables_them_before_uninstall(
+    tmp_path: Path, node: SimNode, trusted_hook: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--restart`` runs systemctl (a stand-in here: systemd does not run on the test
+    machines) to enable the units after install, and to disable them before uninstall."""
+    units, log = tmp_path / "units", tmp_path / "systemctl.log"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "systemctl"
+    wants = units / "multi-user.target.wants"
+    fake.write_text(  # records its argv; enable/disable make and remove the .wants links as systemctl does
+        f'#!/bin/sh\necho "$*" >> {log}\n'
+        f'case "$1" in enable) mkdir -p {wants}; for u in {PATH_UNIT} {SERVICE}; do ln -sf {units}/$u {wants}/$u;'
+        f" done;; disable) rm -f {wants}/*;; esac\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    assert main([*_install(tmp_path, node, trusted_hook), "--restart"]) == 0
+    assert log.read_text().splitlines() == ["daemon-reload", f"enable --now {PATH_UNIT} {SERVICE}"]
+    spec = tmp_path / "cdi" / "nri-gpu.json"
+    argv = ["uninstall", "--runtime", "podman", "--cdi-spec", str(spec), "--unit-dir", str(units)]
+    assert main([*argv, "--restart"]) == 0
+    assert log.read_text().splitlines()[-1] == f"disable --now {PATH_UNIT} {SERVICE}"
+    assert not spec.exists() and sorted(os.listdir(units)) == ["multi-user.target.wants"]
