@@ -9,6 +9,8 @@ a stale library from an older driver is kept out.
 
 from __future__ import annotations
 
+import re
+
 from engine.model import Capability, EntryType
 
 C = Capability
@@ -192,19 +194,34 @@ def wanted_library_capabilities(capabilities: frozenset[Capability]) -> frozense
 
 
 # Best effort, from the model name the driver prints, for NVIDIA_REQUIRE_* ``arch``
-# and ``brand`` (NVML would know; we do not load it). First match wins, so longer
-# names come before their prefixes. Unknown stays None, which the requirement
-# check treats as satisfied, as the toolkit does for a value it cannot read.
+# and ``brand`` (NVML would know; we do not load it). Each pattern must match whole
+# words of the name (``A10`` is not the start of ``A100``, ``RTX 40`` not of Quadro
+# ``RTX 4000``, a Turing card); the first that matches wins, so the specific come
+# before the general. Unknown stays None, which the requirement check treats as
+# satisfied, as the toolkit does for a value it cannot read.
 _ARCH = (
-    ("GB200", "10.0"), ("B200", "10.0"), ("B100", "10.0"),
-    ("GH200", "9.0"), ("H200", "9.0"), ("H100", "9.0"), ("H800", "9.0"),
-    ("L40", "8.9"), ("L4", "8.9"), ("RTX 40", "8.9"), ("Ada", "8.9"),
-    ("A100", "8.0"), ("A800", "8.0"), ("A30", "8.0"),
-    ("A40", "8.6"), ("A16", "8.6"), ("A10", "8.6"), ("A2", "8.6"), ("RTX A", "8.6"), ("RTX 30", "8.6"),
-    ("T4", "7.5"), ("RTX 20", "7.5"), ("Quadro RTX", "7.5"),
-    ("V100", "7.0"), ("P100", "6.0"),
+    (r"RTX [0-9]+ Ada", "8.9"),  # "NVIDIA RTX 4000 Ada Generation"
+    (r"Quadro RTX [0-9]+", "7.5"),
+    (r"GeForce RTX 40[0-9]0", "8.9"), (r"GeForce RTX 30[0-9]0", "8.6"), (r"GeForce RTX 20[0-9]0", "7.5"),
+    (r"RTX A[0-9]+", "8.6"),
+    (r"GB200|B200|B100", "10.0"),
+    (r"GH200|H200|H100|H800", "9.0"),
+    (r"L40S?|L4", "8.9"),
+    (r"A100|A800|A30", "8.0"),
+    (r"A40|A16|A10G?|A2", "8.6"),
+    (r"T4", "7.5"),
+    (r"V100", "7.0"), (r"P100", "6.0"),
 )  # fmt: skip
 _BRAND = (("GeForce", "geforce"), ("Quadro", "quadro"), ("Tesla", "tesla"), ("TITAN", "titan"))
+
+
+def _words(pattern: str, flags: int = 0) -> re.Pattern[str]:
+    """``pattern`` matching whole words only: no letter or digit just before or after."""
+    return re.compile(rf"(?<![A-Za-z0-9])(?:{pattern})(?![A-Za-z0-9])", re.ASCII | flags)
+
+
+_ARCH_RE = tuple((_words(pattern), arch) for pattern, arch in _ARCH)
+_BRAND_RE = tuple((_words(word, re.IGNORECASE), brand) for word, brand in _BRAND)
 
 
 def gpu_facts(model: str) -> tuple[str | None, str | None]:
@@ -213,6 +230,6 @@ def gpu_facts(model: str) -> tuple[str | None, str | None]:
     >>> gpu_facts("NVIDIA A100-SXM4-80GB"), gpu_facts("Tesla V100-SXM2-16GB"), gpu_facts("Mystery")
     (('8.0', None), ('7.0', 'tesla'), (None, None))
     """
-    arch = next((value for key, value in _ARCH if key in model), None)
-    brand = next((value for key, value in _BRAND if key.lower() in model.lower()), None)
+    arch = next((value for pattern, value in _ARCH_RE if pattern.search(model)), None)
+    brand = next((value for pattern, value in _BRAND_RE if pattern.search(model)), None)
     return arch, brand

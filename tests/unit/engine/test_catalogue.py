@@ -41,6 +41,21 @@ def test_doctests() -> None:
         ("Tesla T4", "7.5", "tesla"),
         ("NVIDIA GeForce RTX 4090", "8.9", "geforce"),
         ("Unknown Future GPU", None, None),
+        # Whole names only: a prefix of another model's name is no match.
+        ("Quadro RTX 4000", "7.5", "quadro"),  # Turing, though "RTX 40" starts its name
+        ("NVIDIA RTX 4000 Ada Generation", "8.9", None),
+        ("NVIDIA GeForce RTX 3080 Ti", "8.6", "geforce"),
+        ("NVIDIA RTX A6000", "8.6", None),
+        ("NVIDIA A10G", "8.6", None),
+        ("NVIDIA A2", "8.6", None),
+        ("NVIDIA A2000", None, None),  # no such model: not the A2
+        ("NVIDIA L4", "8.9", None),
+        ("NVIDIA T400", None, None),  # not the T4
+        ("NVIDIA GH200 480GB", "9.0", None),
+        ("NVIDIA B200", "10.0", None),
+        ("NVIDIA Tesla V100-SXM2-16GB", "7.0", "tesla"),
+        ("NVIDIA TITAN RTX", None, "titan"),
+        ("NVIDIA Quadroplex", None, None),  # a brand is a whole word too
     ],
 )
 def test_gpu_facts(model: str, arch: str | None, brand: str | None) -> None:
