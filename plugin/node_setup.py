@@ -71,7 +71,10 @@ _POLL = 0.2
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    cmd = commands.add_parser(COMMAND, help="the DaemonSet's init step: install through the host root, restart, wait")
+    # No abbreviations: a manifest's misspelt flag must fail, not become another flag.
+    cmd = commands.add_parser(
+        COMMAND, allow_abbrev=False, help="the DaemonSet's init step: install through the host root, restart, wait"
+    )
     cmd.add_argument("--runtime", required=True, choices=tuple(SERVICE), help="the node's container runtime")
     cmd.add_argument("--host-root", default=DEFAULT_HOST_ROOT, metavar="DIR", help="where the host's / is mounted")
     cmd.add_argument("--config", metavar="PATH", help="the node's config file (crio: drop-in folder), a host path")

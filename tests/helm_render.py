@@ -14,7 +14,7 @@ instead of rendering differently from Helm:
   arguments are ``.``, fields (``.Values.a.b``, ``.Release.Name``, ``.Release.Namespace``,
   ``.Chart.Name``, ``.Chart.AppVersion``, ``.Chart.Version``), "strings" and integers;
 * functions ``include``, ``default``, ``quote``, ``toYaml``, ``toJson``, ``indent``,
-  ``nindent`` and ``dir``.
+  ``nindent``, ``dir`` and ``eq``.
 
 Unlike Helm, a field that is not there is an error, not an empty string: a misspelt
 value fails here rather than rendering as nothing.
@@ -197,6 +197,7 @@ class _Renderer:
             "indent": _indent,
             "nindent": lambda width, text: "\n" + _indent(width, text),
             "dir": lambda path: posixpath.dirname(go_string(path)) or ".",
+            "eq": lambda first, *others: all(first == other for other in others),
         }
 
     def _include(self, name: Any, dot: Any) -> str:

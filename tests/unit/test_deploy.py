@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from engine.config import Policy, policy_from_mapping
+from plugin import node_setup
 from plugin.__main__ import build_parser
 from plugin.config import Settings, from_toml, parse_address
 from plugin.config_doc import OPTIONS
@@ -387,6 +388,78 @@ def test_daemonset_grants_the_least_that_works(plain: dict[str, dict[str, Any]])
     assert volume["hostPath"] == {"path": socket_dir, "type": "Directory"} and "mountPropagation" not in nri
 
 
+def _init(pod: dict[str, Any]) -> dict[str, Any]:
+    (init,) = pod["initContainers"]
+    assert init["name"] == "node-setup"
+    assert isinstance(init, dict)
+    return init
+
+
+def test_node_setup_init_container_sets_up_the_runtime_the_plugin_talks_to(plain: dict[str, dict[str, Any]]) -> None:
+    """Issue 15, item 7: the init step's flags are ones ``nri-gpu node-setup`` accepts
+    and validates, and they agree with the plugin's config: the NRI socket it waits
+    for is the one the plugin connects to, through the same host root."""
+    pod, init = _pod(plain), _init(_pod(plain))
+    assert init["image"] == _container(plain)["image"] and init["command"] == ["python3.11", "-m", "plugin",
+                                                                               "node-setup"]
+    args = build_parser().parse_args(["node-setup", *init["args"]])
+    options = node_setup.options_from(args)  # validates them together
+    settings = _settings(plain["ConfigMap"])
+    assert options.nri_socket == settings.plugin.socket
+    assert options.host_root == settings.engine.host_root
+    assert (options.runtime, options.restart_mode.value) == ("containerd", "signal")
+    assert options.config == "/etc/containerd/config.toml" and not options.undo
+    # A flag node-setup does not know ends argparse with usage and exit 2.
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["node-setup", *init["args"], "--restart=signal"])
+    assert pod["hostPID"] is True  # signal mode: the runtime's pid is the host's
+
+
+def test_node_setup_writes_only_the_runtimes_config_folder(plain: dict[str, dict[str, Any]]) -> None:
+    """Least privilege for the init step: no capability (signal mode), the runtime's
+    seccomp profile, a read-only root, the host's / read-only as the plugin has it, and
+    one writable host path: the folder of the config it edits."""
+    pod, init = _pod(plain), _init(_pod(plain))
+    security = init["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"]} and "privileged" not in security
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"} and security["readOnlyRootFilesystem"] is True
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["name"]: m for m in init["volumeMounts"]}
+    assert set(mounts) == {"host", "runtime-config"}
+    host = next(m for m in _container(plain)["volumeMounts"] if m["name"] == "host")
+    assert mounts["host"] == host
+    writable = mounts["runtime-config"]
+    assert "readOnly" not in writable
+    assert writable["mountPath"] == "/host/etc/containerd"
+    assert volumes["runtime-config"]["hostPath"] == {"path": "/etc/containerd", "type": "DirectoryOrCreate"}
+    assert "/" + writable["mountPath"].removeprefix(host["mountPath"]).strip("/") == "/etc/containerd"
+
+
+def test_chart_node_setup_values() -> None:
+    off = _rendered(**{"nodeSetup.enabled": False})["DaemonSet"]["spec"]["template"]["spec"]
+    assert "initContainers" not in off and "runtime-config" not in {v["name"] for v in off["volumes"]}
+    crio = _rendered(**{"nodeSetup.runtime": "crio", "nodeSetup.config": "/etc/crio/crio.conf.d",
+                        "nodeSetup.restartMode": "systemd", "nodeSetup.runtimeSocket": "/var/run/crio/crio.sock",
+                        "nodeSetup.timeout": 120, "roots.hostRoot": "/node", "nri.socket": "/run/nri/api.sock"})
+    pod = crio["DaemonSet"]["spec"]["template"]["spec"]
+    init = _init(pod)
+    options = node_setup.options_from(build_parser().parse_args(["node-setup", *init["args"]]))
+    assert (options.runtime, options.config, options.restart_mode.value, options.timeout) == (
+        "crio", "/etc/crio/crio.conf.d", "systemd", 120.0)
+    assert (options.host_root, options.nri_socket) == ("/node", "/run/nri/api.sock")
+    assert options.runtime_socket == "/var/run/crio/crio.sock"
+    # systemd mode chroots into the host's /: that capability, and only then.
+    assert init["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["SYS_CHROOT"]}
+    # CRI-O's config is a drop-in folder: that folder itself is the writable mount.
+    (writable,) = [m for m in init["volumeMounts"] if m["name"] == "runtime-config"]
+    assert writable["mountPath"] == "/node/etc/crio/crio.conf.d"
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "runtime-config"]
+    assert volume["hostPath"]["path"] == "/etc/crio/crio.conf.d"
+    # The chart's other values reach the init step as they reach the plugin.
+    none = _init(_rendered(**{"nodeSetup.restartMode": "none"})["DaemonSet"]["spec"]["template"]["spec"])
+    assert "--restart-mode=none" in none["args"] and "add" not in none["securityContext"]["capabilities"]
+
+
 _CONNECT_THROUGH_RO_BIND = r"""
 import os, socket, subprocess, sys
 base = sys.argv[1]
@@ -530,9 +603,10 @@ def test_chart_metadata_and_image() -> None:
         ("a:{{ toYaml .Values.map | nindent 2 }}", "a:\n  k: v\n  l:\n  - 1"),
         ("{{ .Values.name | quote }} {{ toJson .Values.list }} {{ .Values.on }}", '"x" ["a","b"] true'),
         ('{{ dir "/var/run/nri/nri.sock" }}', "/var/run/nri"),
+        ('{{ if eq .Values.name "x" }}y{{ end }}{{ if eq .Values.name "z" }}n{{ end }}', "y"),
         ('{{- define "t" -}}\n[{{ .Values.name }}]\n{{- end }}{{ include "t" . | indent 2 }}', "  [x]"),
     ],
-    ids=["trim", "if-else", "default", "toYaml-nindent", "quote-toJson-bool", "dir", "define-include"],
+    ids=["trim", "if-else", "default", "toYaml-nindent", "quote-toJson-bool", "dir", "eq", "define-include"],
 )
 def test_renderer_follows_go_templates(template: str, expected: str) -> None:
     chart = load_chart(CHART)

@@ -11,3 +11,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "nri-gpu.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end }}
+
+{{- define "nri-gpu.runtimeConfigDir" -}}
+{{ if eq .Values.nodeSetup.runtime "crio" }}{{ .Values.nodeSetup.config }}{{ else }}{{ dir .Values.nodeSetup.config }}{{ end }}
+{{- end }}
