@@ -18,7 +18,20 @@ from engine.model import ALL_CAPABILITIES, Capability
 
 
 class EngineConfigError(EngineError, ValueError):
-    """A setting is unknown or has a bad value; the message names the key."""
+    """A setting is unknown or has a bad value; the message names the key.
+
+    ``key`` (``engine.driver_root``, or empty where no one key is at fault) and
+    ``problem`` (the rest of the message) are kept apart, so that a command line
+    can name its own flag for the same problem without rewriting the text."""
+
+    def __init__(self, message: str, *, key: str = "", problem: str = "") -> None:
+        super().__init__(message)
+        self.key = key
+        self.problem = problem or message
+
+    @classmethod
+    def of(cls, key: str, problem: str) -> EngineConfigError:
+        return cls(f"{key}: {problem}", key=key, problem=problem)
 
 
 _ROOT_KEYS = ("driver_root", "dev_root", "proc_root", "ldconfig", "host_root")
@@ -130,10 +143,10 @@ class EngineConfig:
         for key in _ROOT_KEYS:
             value = getattr(self, key)
             if not isinstance(value, str) or not value.startswith("/"):
-                raise EngineConfigError(f"engine.{key}: {value!r} must be an absolute path")
+                raise EngineConfigError.of(f"engine.{key}", f"{_shown(value)} must be an absolute path")
             if ".." in value.split("/"):
                 # Lexical ".." and the kernel's differ below a link: refuse rather than guess.
-                raise EngineConfigError(f"engine.{key}: {_shown(value)} must not contain '..'")
+                raise EngineConfigError.of(f"engine.{key}", f"{_shown(value)} must not contain '..'")
             # Mount sources are built from these: "/host/" and "/host" must compare equal.
             object.__setattr__(self, key, "/" + posixpath.normpath(value).lstrip("/"))
         if not isinstance(self.mps, bool):

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, EngineConfigError
 from engine.discover import InventoryCache, discover
 from engine.errors import EngineError
 from engine.plan import plan
@@ -134,8 +134,10 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Setting
         engine = settings.engine.with_roots(
             driver_root=args.driver_root, dev_root=args.dev_root, proc_root=args.proc_root, host_root=args.host_root
         )
-    except EngineError as exc:
-        raise ConfigError(str(exc).replace("engine.", "--").replace("_root", "-root")) from exc
+    except EngineConfigError as exc:
+        # Only the root flags reach here, each named as its setting: engine.driver_root is --driver-root.
+        flag = "--" + exc.key.removeprefix("engine.").replace("_", "-")
+        raise ConfigError(f"{flag}: {exc.problem}" if exc.key else str(exc)) from exc
     cdi = settings.cdi.with_overrides(spec=getattr(args, "cdi_spec", None))
     return Settings(plugin, engine, cdi)
 

@@ -120,6 +120,16 @@ def test_relative_root_flag_is_refused() -> None:
         load_config(args, {})
 
 
+def test_a_bad_root_flag_is_named_by_its_flag_and_shown_as_given() -> None:
+    # The message once came from rewriting the engine's text, which also rewrote the value.
+    args = build_parser().parse_args(["info", "--driver-root", "srv/engine.d/my_root"])
+    with pytest.raises(ConfigError, match=re.escape("--driver-root: 'srv/engine.d/my_root' must be an absolute path")):
+        load_config(args, {})
+    args = build_parser().parse_args(["info", "--proc-root", "/engine.x/../proc_root"])
+    with pytest.raises(ConfigError, match=re.escape("--proc-root: '/engine.x/../proc_root' must not contain '..'")):
+        load_config(args, {})
+
+
 def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
     args = build_parser().parse_args(["run", "--config", str(tmp_path / "nope.toml")])
     with pytest.raises(ConfigError, match=r"nope\.toml: No such file"):
