@@ -50,6 +50,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any
 
 from plugin.metrics import PluginMetrics
@@ -68,16 +69,6 @@ MAX_CLIENTS = 256
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JSON_CONTENT_TYPE = "application/json"
 
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    408: "Request Timeout",
-    414: "URI Too Long",
-    431: "Request Header Fields Too Large",
-    503: "Service Unavailable",
-}
 _END_OF_HEADERS = re.compile(rb"\r?\n\r?\n")
 
 
@@ -96,7 +87,7 @@ class Response:
 
     def encode(self) -> bytes:
         lines = [
-            f"HTTP/1.1 {self.status} {_REASONS.get(self.status, 'Unknown')}",
+            f"HTTP/1.1 {self.status} {HTTPStatus(self.status).phrase}",
             f"Content-Type: {self.content_type}",
             f"Content-Length: {len(self.body)}",
             "Connection: close",
