@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,7 +62,7 @@ def test_tiny_run_on_one_containerd(tmp_path: Path) -> None:
         _cannot_run(reason)
     out = tmp_path / "bench.json"
     argv = ["--runtimes", "2.1.9", "--pods", "3", "--churn", "10", "--burst", "4", "--profile-iterations", "20",
-            "--seed", "1", "--output", str(out)]
+            "--cdi-runs", "2", "--docker", "28.5.2", "--seed", "1", "--output", str(out)]
     assert bench.main(argv) == 0
     results = json.loads(out.read_text())
     run = results["runtimes"]["2.1.9"]
@@ -74,7 +75,9 @@ def test_tiny_run_on_one_containerd(tmp_path: Path) -> None:
     assert run["burst"]["handler_calls"] == 8 and not run["burst"]["errors"]
     assert run["churn"]["points"][-1]["containers"] == 10
     assert {t["target"].split(" ")[0] for t in results["targets"]} >= {"asks-for-nothing", "planning", "RSS"}
-    assert [e["when"] for e in results["load"]] == ["at the start", "after containerd 2.1.9", "at the end"]
+    assert [e["when"] for e in results["load"]] == [
+        "at the start", "after containerd 2.1.9", "after the CDI part", "at the end"
+    ]
     mig = results["inprocess"]["mig"]  # the MIG part: every request form, the NVML probe
     assert mig["mig_devices"] == 28
     assert {name: s["n"] for name, s in mig["create_container_ms"].items()} == dict.fromkeys(
@@ -84,3 +87,32 @@ def test_tiny_run_on_one_containerd(tmp_path: Path) -> None:
     text = render(results)
     assert "nri-gpu-8gpu: plan" in text and "Load average (1 min)" in text and "p50 by round" in text
     assert "## MIG" in text and "NVML probe" in text
+    assert_cdi_part(results, text, runs=2)
+
+
+def test_cdi_only_run(tmp_path: Path) -> None:
+    reason = _preflight()
+    if reason:
+        _cannot_run(reason)
+    out = tmp_path / "bench.json"
+    assert bench.main(["--cdi-only", "--cdi-runs", "2", "--docker", "28.5.2", "--seed", "1", "--output", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert not results["runtimes"] and "inprocess" not in results
+    assert_cdi_part(results, render(results), runs=2)
+
+
+def assert_cdi_part(results: dict[str, Any], text: str, *, runs: int) -> None:
+    """The CDI part: each engine measured (or the reason it could not be), the hook alone, the target."""
+    cdi = results["cdi"]
+    assert set(cdi["engines"]) | set(cdi["skipped"]) == {"podman 4.3.1", "docker 28.5.2"}, cdi["skipped"]
+    for engine, result in cdi["engines"].items():
+        assert result["plain"]["n"] == result["gpu"]["n"] == result["gpu, no-op hook"]["n"] == runs, engine
+        assert {"p50", "p90"} <= set(result["gpu"]) and "over_p50" in result and "over_p90" in result
+        assert "noop_hook_over_p50" in result
+        assert f"| {engine}" in text
+    alone = cdi["hook_alone"]
+    assert alone["hook"]["n"] == alone["/bin/true"]["n"] == runs and "over_p50" in alone
+    assert cdi["hook_command"][1:] == ["hook", "start-container"]
+    assert "## CDI: run --rm with and without a GPU" in text and "The hook alone" in text
+    cdi_targets = [t for t in results["targets"] if t["target"].startswith("GPU run --rm p50 within 30 ms")]
+    assert {t["runtime"] for t in cdi_targets} == set(cdi["engines"])

@@ -14,8 +14,10 @@ version in turn:
   NRI deadline;
 * **churn**: the plugin's RSS and descriptors over many GPU containers;
 
-and then, in this process, the CreateContainer path split into parse, plan and
-encode without any I/O, and a cProfile of it (``inprocess``). Results: a table on stdout and a
-JSON document (``--output``). Modules: ``stats`` (pure), ``logparse`` (pure),
-``noop``, ``session``, ``inprocess``, ``report``, ``__main__``.
+then the **CDI path** (``cdi``): ``podman run --rm`` and ``docker run --rm`` of a
+plain container and of one with ``--device nvidia.com/gpu=0`` side by side, and the
+spec's hook alone (``--cdi-only``: that part only); and then, in this process,
+the CreateContainer path split into parse, plan and encode without any I/O, and
+a cProfile of it (``inprocess``). Results: a table on stdout and a JSON document (``--output``). Modules: ``stats`` (pure), ``logparse`` (pure),
+``noop``, ``session``, ``cdi``, ``inprocess``, ``report``, ``__main__``.
 """

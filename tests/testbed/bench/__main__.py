@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.testbed import runtimes
+from tests.testbed import docker, runtimes
 from tests.testbed.containerd import reap_stale
 from tests.testbed.gpunode import build_node
 
-from . import inprocess, mig, report
+from . import cdi, inprocess, mig, report
 from .session import RuntimeBench
 
 _8_GPUS = {"nvidia.com/gpus": "0,1,2,3,4,5,6,7"}
@@ -35,6 +35,15 @@ def _versions(text: str) -> list[str]:
         out.append(found[0])
     if not out:
         raise argparse.ArgumentTypeError("no runtime named")
+    return out
+
+
+def _dockers(text: str) -> list[str]:
+    """``28.5.2,26.1.5``: Docker versions of the test bed (``tests.testbed.docker``)."""
+    out = [w.strip() for w in text.split(",") if w.strip()]
+    for word in out:
+        if word not in docker.VERSIONS:
+            raise argparse.ArgumentTypeError(f"{word!r}: expected one of {', '.join(docker.VERSIONS)}")
     return out
 
 
@@ -80,6 +89,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--mig-only", action="store_true", help="only the MIG benchmark (in process: no containerd, a minute or so)"
+    )
+    p.add_argument(
+        "--cdi-runs",
+        type=_positive,
+        default=100,
+        metavar="N",
+        help="rounds of podman/docker run --rm, plain and with a GPU, and of the CDI hook alone (default 100)",
+    )
+    p.add_argument(
+        "--docker",
+        type=_dockers,
+        default=list(docker.VERSIONS),
+        metavar="V[,V]",
+        help=f"Docker versions for the CDI part (default {','.join(docker.VERSIONS)})",
+    )
+    p.add_argument(
+        "--cdi-only",
+        action="store_true",
+        help="only the CDI part: podman and Docker run --rm with and without a GPU, the hook alone (minutes)",
     )
     p.add_argument("--keep-workdir", action="store_true", help="keep the daemons' workdir and the plugin logs")
     return p
@@ -131,6 +159,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "churn": args.churn,
             "burst": args.burst,
             "profile_iterations": args.profile_iterations,
+            "cdi_runs": args.cdi_runs,
+            "docker": args.docker,
             "seed": seed,
         },
         "runtimes": {},
@@ -144,9 +174,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             results["targets"] = []
             return results
         node = build_node(workdir / "node", gpus=8)
+        if args.cdi_only:
+            results["cdi"] = _cdi(node, workdir, rng, args)
+            _note_load(results, "at the end")
+            results["targets"] = [t.as_dict() for t in report.cdi_targets(results["cdi"])]
+            return results
         for version in args.runtimes:
             results["runtimes"][version] = _one_runtime(version, node, workdir / f"c-{version}", rng, args)
             _note_load(results, f"after containerd {version}")
+        results["cdi"] = _cdi(node, workdir, rng, args)
+        _note_load(results, "after the CDI part")
         _log("in-process split and profile of CreateContainer")
         results["inprocess"] = {
             "create_split": inprocess.measure_create_split(node, args.profile_iterations),
@@ -161,7 +198,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     results["targets"] = [t.as_dict() for v, r in results["runtimes"].items() for t in report.evaluate(v, r)]
+    results["targets"] += [t.as_dict() for t in report.cdi_targets(results["cdi"])]
     return results
+
+
+def _cdi(node: Any, workdir: Path, rng: random.Random, args: argparse.Namespace) -> dict[str, Any]:
+    _log(f"CDI: podman and Docker {', '.join(args.docker)}, {args.cdi_runs} rounds")
+    return cdi.measure_cdi(node, workdir / "cdi", args.cdi_runs, docker_versions=args.docker, rng=rng, say=_log)
 
 
 def _one_runtime(

@@ -10,7 +10,18 @@ from .logparse import PluginLog
 from .session import NEAR_DEADLINE_MS, VARIANTS, BurstResult, ChurnResult, Sample
 from .stats import grows, percentile, summarize
 
-__all__ = ["CREATE_STEPS", "START_STEPS", "Target", "churn_dict", "evaluate", "handler_dict", "latency_dict", "render"]
+__all__ = [
+    "CREATE_STEPS",
+    "START_STEPS",
+    "Target",
+    "cdi_lines",
+    "cdi_targets",
+    "churn_dict",
+    "evaluate",
+    "handler_dict",
+    "latency_dict",
+    "render",
+]
 
 # The start engine's steps (engine/start/work.py StartReport), in the order they run.
 START_STEPS = (
@@ -30,6 +41,7 @@ _MIB = 1024.0
 _RSS_LIMIT_MB = 50.0
 _GROWTH_TOLERANCE_KIB = 1024  # RSS may wander this much between the first and last quarter of the churn
 _BASE = "no-plugin"
+CDI_TARGET_MS = 30.0
 
 
 def latency_dict(samples: Sequence[Sample]) -> dict[str, Any]:
@@ -199,6 +211,15 @@ def evaluate(version: str, result: dict[str, Any]) -> list[Target]:
     return out
 
 
+def cdi_targets(cdi: dict[str, Any]) -> list[Target]:
+    """The CDI path's target, per engine: a GPU's ``run --rm`` p50 within 30 ms of a plain one."""
+    return [
+        Target(engine, "GPU run --rm p50 within 30 ms of a plain one", r["over_p50"], CDI_TARGET_MS, "ms",
+               r["over_p50"] <= CDI_TARGET_MS)
+        for engine, r in cdi.get("engines", {}).items()
+    ]
+
+
 # ---------------------------------------------------------------------------- text
 
 
@@ -314,6 +335,8 @@ def render(results: dict[str, Any]) -> str:
             for step, s in steps.items():
                 rows.append([f"{variant}: {step}", s["n"], s["p50"], s["p95"], s["p99"], s["max"]])
         out += [*_table(["step", "n", "p50", "p95", "p99", "max"], rows), ""]
+    if cdi := results.get("cdi"):
+        out += ["## CDI: run --rm with and without a GPU", "", *cdi_lines(cdi), ""]
     if mig := results.get("inprocess", {}).get("mig"):
         out += ["## MIG", "", *mig_lines(mig), ""]
     if load := results.get("load"):
@@ -338,7 +361,7 @@ def render(results: dict[str, Any]) -> str:
         ]
         for t in results["targets"]
     ]
-    out += _table(["containerd", "target", "measured", "limit", ""], rows, left=2)
+    out += _table(["runtime", "target", "measured", "limit", ""], rows, left=2)
     return "\n".join(out) + "\n"
 
 
@@ -353,4 +376,32 @@ def mig_lines(result: dict[str, Any]) -> list[str]:
         f"max {_f(p['max'])} ms ({p['n']} runs); discovery p50 {_f(d['with NVML probe']['p50'])} ms with it, "
         f"{_f(d['without']['p50'])} ms without."
     )
+    return lines
+
+
+def cdi_lines(result: dict[str, Any]) -> list[str]:
+    """The CDI part (``tests.testbed.bench.cdi``) as text."""
+    lines = [
+        f"`run --rm IMAGE true`, plain and with `--device nvidia.com/gpu=0`, {result['runs']} rounds "
+        "(each round every engine and variant once, shuffled), ms; `gpu, no-op hook`: the same spec "
+        "with `/bin/true` as its hook (the engine's share of a GPU's cost):",
+        "",
+    ]
+    rows = []
+    for engine, r in result["engines"].items():
+        plain = r["plain"]["p50"]
+        for variant in ("plain", "gpu", "gpu, no-op hook"):
+            s = r[variant]
+            over = s["p50"] - plain if variant != "plain" else None
+            rows.append([engine, variant, s["n"], s["p50"], s["p90"], s["min"], s["max"], over])
+    lines += [*_table(["engine", "variant", "n", "p50", "p90", "min", "max", "p50 over plain"], rows, left=2), ""]
+    h = result["hook_alone"]
+    lines.append(
+        f"The hook alone (`{' '.join(result['hook_command'][1:])}` as the spec runs it, its env only, the OCI state "
+        f"on stdin, the whole start work): p50 {_f(h['hook']['p50'])} ms, p90 {_f(h['hook']['p90'])} ms "
+        f"({h['hook']['n']} runs); the same start with /bin/true p50 {_f(h['/bin/true']['p50'])} ms: "
+        f"{_f(h['over_p50'])} ms of its own."
+    )
+    for engine, reason in result.get("skipped", {}).items():
+        lines.append(f"{engine}: not measured ({reason}).")
     return lines

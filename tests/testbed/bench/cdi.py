@@ -1,0 +1,311 @@
+"""What the CDI path costs a container: ``run --rm`` through podman and Docker, and the hook alone.
+
+podman and Docker never reach NRI: they inject from ``nri-gpu cdi generate``'s
+spec and runc runs its ``createContainer`` hook, which the start waits for. So
+the cost of a GPU is the whole ``run --rm`` of a container with ``--device
+nvidia.com/gpu=0`` against the same run without it, measured side by side:
+
+* the engines come from the test bed (``tests.testbed.podman``,
+  ``tests.testbed.docker``), each where it can be set up here (a reason is
+  recorded for one that cannot), with the glibc image and ``true``;
+* the hook is installed as the README installs it (``pip install`` of this
+  checkout into a fresh venv: files copied, ``.pyc`` compiled), not the
+  checkout's editable install, and the spec names it;
+* every round runs each (engine, variant) once, plus the hook alone, in a
+  shuffled order, so that other work on the machine falls on every variant
+  alike;
+* a third variant, ``gpu, no-op hook``, asks for ``nri-gpu-bench.example/gpu=0``:
+  the same spec under another kind, whose hook is ``/bin/true``. It splits the
+  GPU's cost into the engine's (CDI injection, device nodes, mounts, running a
+  hook at all) and our hook's own;
+* **the hook alone**: the spec's hook command (path, argv, its env only, the OCI
+  state on stdin) on a bundle whose ``linux.devices`` hold GPU 0 and the
+  control nodes, the whole start work done (procfs view, links, ld.so.conf and
+  cache) in a glibc root reset before each run. Each run starts in a private
+  mount namespace with the node's procfs bound at the root's ``/proc`` (runc
+  gives a hook the container's namespaces); the same start with ``/bin/true``
+  is measured beside it, so ``hook - /bin/true`` is the hook's own time.
+
+The target (issue 15): a GPU container's ``run --rm`` p50 at most 30 ms over a
+plain one, through each engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tests.testbed import debs, images
+from tests.testbed.bundle import busybox_rootfs
+from tests.testbed.docker import Docker, DockerError
+from tests.testbed.gpunode import SimNode
+from tests.testbed.images import GLIBC
+from tests.testbed.plugins import NRI_GPU
+from tests.testbed.podman import Podman, SpecFolderTaken, shared_spec_path
+
+from .stats import percentile
+
+__all__ = ["HookAlone", "generate_spec", "install_hook", "measure_cdi", "series"]
+
+NOOP_KIND = "nri-gpu-bench.example/gpu"
+VARIANTS = {
+    "plain": [],
+    "gpu": ["--device", "nvidia.com/gpu=0"],
+    "gpu, no-op hook": ["--device", f"{NOOP_KIND}=0"],
+}
+_MS_REC = 1 << 14
+_MS_BIND = 1 << 12
+_MS_PRIVATE = 1 << 18
+_CLONE_NEWNS = 0x00020000
+
+
+def series(values: list[float]) -> dict[str, float | int]:
+    """The numbers reported for one variant (ms): p50 and p90 first (the issue's)."""
+    return {
+        "n": len(values),
+        "p50": round(percentile(values, 50), 2),
+        "p90": round(percentile(values, 90), 2),
+        "mean": round(sum(values) / len(values), 2),
+        "min": round(min(values), 2),
+        "max": round(max(values), 2),
+    }
+
+
+def install_hook(workdir: Path) -> Path:
+    """``pip install`` of this checkout into a fresh venv (the README's install: a
+    copy with compiled ``.pyc``, no editable finder); its ``nri-gpu``. The
+    sources are copied first so that the build writes nothing into the checkout."""
+    checkout = Path(__file__).resolve().parents[3]
+    src, venv, wheels = workdir / "src", workdir / "venv", workdir / "wheel"
+    src.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(checkout / name, src / name)
+    for package in ("engine", "plugin"):
+        shutil.copytree(checkout / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(wheels), str(src)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = wheels.glob("*.whl")
+    subprocess.run(
+        [*pip, "--python", str(venv / "bin/python"), "install", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    return venv / "bin/nri-gpu"
+
+
+def generate_spec(node: SimNode, hook: Path, output: Path) -> dict[str, Any]:
+    """``nri-gpu cdi generate`` for ``node`` naming ``hook`` into ``output``, and
+    beside it (``<stem>-noop.json``) the same spec as kind NOOP_KIND with the hook
+    ``/bin/true``; the spec."""
+    done = subprocess.run(
+        [
+            NRI_GPU,
+            "cdi",
+            "generate",
+            *node.flags(),
+            "--output",
+            str(output),
+            "--hook-path",
+            str(hook),
+            "--allow-untrusted-hook",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"nri-gpu cdi generate failed: {done.stderr}")
+    spec: dict[str, Any] = json.loads(output.read_text())
+    noop = json.loads(output.read_text())
+    noop["kind"] = NOOP_KIND
+    (hook_edit,) = noop["containerEdits"]["hooks"]
+    hook_edit.update(path="/bin/true", args=["true"])
+    output.with_name(f"{output.stem}-noop.json").write_text(json.dumps(noop, indent=2))
+    return spec
+
+
+class HookAlone:
+    """The spec's hook run as runc runs it, on a bundle of its own (see the module docstring)."""
+
+    def __init__(self, spec: dict[str, Any], node: SimNode, workdir: Path) -> None:
+        (hook,) = spec["containerEdits"]["hooks"]
+        self.argv: list[str] = hook["args"]
+        self.path: str = hook["path"]
+        self.env = dict(e.split("=", 1) for e in hook["env"])
+        self.bundle = workdir / "bundle"
+        self.root = self.bundle / "rootfs"
+        self.pristine = busybox_rootfs(glibc=True)
+        self.proc = str(node.proc_root)
+        gpu0 = next(d for d in spec["devices"] if d["name"] == "0")
+        nodes = gpu0["containerEdits"]["deviceNodes"] + spec["containerEdits"].get("deviceNodes", [])
+        config = {
+            "ociVersion": "1.0.2",
+            "root": {"path": "rootfs"},
+            "mounts": [
+                {
+                    "destination": m["containerPath"],
+                    "source": m["hostPath"],
+                    "type": "bind",
+                    "options": m.get("options", []),
+                }
+                for m in spec["containerEdits"].get("mounts", [])
+            ],
+            "linux": {
+                "devices": [
+                    {"path": n["path"], "type": "c", "major": n["major"], "minor": n["minor"]}
+                    for n in nodes
+                    if "major" in n
+                ]
+            },
+        }
+        self.bundle.mkdir(parents=True)
+        (self.bundle / "config.json").write_text(json.dumps(config))
+        self.state = json.dumps(
+            {"ociVersion": "1.0.2", "id": "bench", "status": "creating", "bundle": str(self.bundle)}
+        ).encode()
+
+    def reset(self) -> None:
+        """A root as the image gives it: the hook's links, conf and cache gone."""
+        shutil.rmtree(self.root, ignore_errors=True)
+        shutil.copytree(self.pristine, self.root, symlinks=True)
+
+    def _enter(self) -> None:
+        """In the child before exec: a private mount namespace with the node's procfs
+        at the root's /proc (as runc's, where the hook finds the container's /proc)."""
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(_CLONE_NEWNS) != 0:
+            raise OSError(ctypes.get_errno(), "unshare")
+        if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+            raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
+        if libc.mount(self.proc.encode(), str(self.root / "proc").encode(), None, _MS_BIND, None) != 0:
+            raise OSError(ctypes.get_errno(), "mount --bind procfs")
+
+    def run(self, argv: list[str] | None = None) -> float:
+        """ms from the start of the child to its exit: the hook, or ``argv`` in its place."""
+        command = argv or self.argv
+        began = time.perf_counter()
+        done = subprocess.run(
+            command,
+            executable=None if argv else self.path,
+            input=self.state,
+            env=self.env,
+            capture_output=True,
+            preexec_fn=self._enter,
+            cwd="/",
+            check=False,
+        )
+        took = (time.perf_counter() - began) * 1000
+        if done.returncode != 0:
+            raise RuntimeError(f"{command[0]} exited {done.returncode}: {done.stderr.decode(errors='replace')}")
+        return took
+
+
+def _timed(run: Callable[..., subprocess.CompletedProcess[str]], options: list[str]) -> float:
+    began = time.perf_counter()
+    done = run(GLIBC, "true", options=options)
+    took = (time.perf_counter() - began) * 1000
+    if done.returncode != 0:
+        raise RuntimeError(f"run --rm {' '.join(options)} true exited {done.returncode}: {done.stderr}")
+    return took
+
+
+@contextlib.contextmanager
+def _engines(
+    node: SimNode, hook: Path, workdir: Path, docker_versions: list[str], say: Callable[[str], None]
+) -> Iterator[tuple[dict[str, Callable[..., Any]], dict[str, str]]]:
+    """The engines that could be set up, by label (their ``run``), and why the others could not."""
+    runners: dict[str, Callable[..., Any]] = {}
+    skipped: dict[str, str] = {}
+    with contextlib.ExitStack() as stack:
+        label = "podman"
+        try:
+            podman = Podman(workdir / "podman")
+            label = f"podman {podman.version}"
+            stack.callback(podman.cleanup)
+            podman.load(images.glibc_image())
+            spec = stack.enter_context(shared_spec_path("bench-"))
+            stack.callback(spec.with_name(f"{spec.stem}-noop.json").unlink, missing_ok=True)
+            generate_spec(node, hook, spec)
+            runners[label] = podman.run
+        except (debs.DebError, SpecFolderTaken, RuntimeError, OSError) as exc:
+            skipped[label] = str(exc)[:300]
+            say(f"CDI: {label} skipped: {skipped[label]}")
+        for version in docker_versions:
+            label = f"docker {version}"
+            try:
+                docker = Docker(workdir / f"docker-{version}", version)
+                docker.start()
+                stack.callback(docker.stop)
+                docker.load(images.glibc_image())
+                generate_spec(node, hook, docker.cdi_dir / "nri-gpu.json")
+                runners[label] = docker.run
+            except (debs.DebError, DockerError, RuntimeError, OSError) as exc:
+                skipped[label] = str(exc)[:300]
+                say(f"CDI: {label} skipped: {skipped[label]}")
+        yield runners, skipped
+
+
+def measure_cdi(
+    node: SimNode,
+    workdir: Path,
+    runs: int,
+    *,
+    docker_versions: list[str],
+    rng: random.Random,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """Every CDI measurement, ``runs`` rounds; the results document's ``cdi`` part."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    say("CDI: installing the hook (pip install of the checkout into a fresh venv)")
+    hook = install_hook(workdir / "install")
+    alone = HookAlone(generate_spec(node, hook, workdir / "spec.json"), node, workdir)
+    times: dict[tuple[str, str], list[float]] = {}
+    with _engines(node, hook, workdir, docker_versions, say) as (runners, skipped):
+        say(f"CDI: {runs} rounds of run --rm, plain and with a GPU, through {', '.join(runners) or 'no engine'}")
+        for _ in range(runs):
+            steps: list[tuple[str, str]] = [(e, v) for e in runners for v in VARIANTS]
+            steps += [("hook alone", "/bin/true"), ("hook alone", "hook")]
+            rng.shuffle(steps)
+            for engine, variant in steps:
+                if engine == "hook alone":
+                    alone.reset()
+                    took = alone.run(["/bin/true"] if variant == "/bin/true" else None)
+                else:
+                    took = _timed(runners[engine], VARIANTS[variant])
+                times.setdefault((engine, variant), []).append(took)
+    engines: dict[str, dict[str, Any]] = {}
+    for engine in runners:
+        plain, gpu, noop = (times[engine, v] for v in VARIANTS)
+        engines[engine] = {
+            **{v: series(times[engine, v]) for v in VARIANTS},
+            "over_p50": round(percentile(gpu, 50) - percentile(plain, 50), 2),
+            "over_p90": round(percentile(gpu, 90) - percentile(plain, 90), 2),
+            # The GPU's cost without our hook's own: the engine's injection and a hook run.
+            "noop_hook_over_p50": round(percentile(noop, 50) - percentile(plain, 50), 2),
+        }
+    hook_times, true_times = times["hook alone", "hook"], times["hook alone", "/bin/true"]
+    return {
+        "runs": runs,
+        "hook_command": alone.argv[:3],
+        "engines": engines,
+        "skipped": skipped,
+        "hook_alone": {
+            "/bin/true": series(true_times),
+            "hook": series(hook_times),
+            "over_p50": round(percentile(hook_times, 50) - percentile(true_times, 50), 2),
+        },
+    }
