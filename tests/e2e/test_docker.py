@@ -185,3 +185,55 @@ def bait(node: SimNode) -> Iterator[Bait]:
 def test_hostile_image(docker: Docker, spec: dict[str, Any], node: SimNode, bait: Bait, case: str) -> None:
     """The hostile images of test_podman, the same verdicts: dockerd's runc runs the same hook."""
     check_hostile_image(docker.load, docker.run, node, bait, case)
+
+
+# --------------------------------------------------------------------------- nri-gpu install --runtime docker
+
+
+def _setup(docker: Docker, node: SimNode, command: str, spec: Path) -> subprocess.CompletedProcess[str]:
+    """``nri-gpu install|uninstall --runtime docker`` on the test bed's daemon.json, with
+    the test bed's docker CLI first on PATH: install asks the running daemon its version."""
+    env = {**docker.env(), "PATH": f"{docker.bin.docker.parent}:{docker.env()['PATH']}"}
+    argv = [NRI_GPU, command, "--runtime", "docker", "--config", str(docker.config), "--cdi-spec", str(spec)]
+    if command == "install":
+        argv += [*node.flags(), "--hook-path", NRI_GPU, "--allow-untrusted-hook", "--no-unit"]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_install_for_docker_against_the_real_daemon(
+    docker: Docker, node: SimNode, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``nri-gpu install --runtime docker`` on a daemon.json without ``features``: below
+    28.2 it sets ``features.cdi`` (the daemon's own version asked), and after a restart of
+    dockerd ``--device nvidia.com/gpu=0`` gives the GPU; a second install changes nothing;
+    uninstall restores the bytes and, restarted, 26.1 refuses the request again. 28.2+
+    gets the spec only: daemon.json is left as it was."""
+    dk = _started(tmp_path_factory.mktemp("docker-install"), docker.version, features={})
+    try:
+        original = dk.config.read_bytes()
+        spec = dk.cdi_dir / "nri-gpu.json"
+        done = _setup(dk, node, "install", spec)
+        assert done.returncode == 0, done.stderr
+        assert f"Docker version {dk.version}" in done.stdout, done.stdout
+        after = json.loads(dk.config.read_text())
+        before = json.loads(original)
+        if docker.features:  # this version needs the key
+            assert after == {**before, "features": {"cdi": True}}, after
+            assert "systemctl restart docker" in done.stdout, done.stdout
+        else:
+            assert dk.config.read_bytes() == original
+        again = _setup(dk, node, "install", spec)
+        assert again.returncode == 0 and "nothing to change" in again.stdout, again
+        assert "systemctl restart docker" not in again.stdout, again.stdout
+        dk.restart_daemon()
+        assert_gpus(run_view(dk, "0"), [node.gpus[0]])
+
+        undone = _setup(dk, node, "uninstall", spec)
+        assert undone.returncode == 0, undone.stderr
+        assert dk.config.read_bytes() == original and not spec.exists()
+        dk.restart_daemon()
+        refused = dk.run(GLIBC, "true", options=["--device", "nvidia.com/gpu=0"])
+        expected = 'could not select device driver "cdi"' if docker.features else "nvidia.com/gpu=0"
+        assert refused.returncode != 0 and expected in refused.stderr, refused
+    finally:
+        dk.stop()

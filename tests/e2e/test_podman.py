@@ -26,6 +26,7 @@ import contextlib
 import json
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,18 +58,25 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
 
 
 @pytest.fixture(scope="module")
-def spec(podman: Podman, node: SimNode) -> Iterator[dict[str, Any]]:
-    """The node's spec in /var/run/cdi for the module's lifetime (sessions serialized)."""
+def spec_path(podman: Podman) -> Iterator[Path]:
+    """Our path in /var/run/cdi, held for the module's lifetime (sessions serialized)."""
     with contextlib.ExitStack() as stack:
         try:
             path = stack.enter_context(shared_spec_path())
         except SpecFolderTaken as exc:
             _cannot_run(str(exc))
             raise
-        done = subprocess.run([NRI_GPU, "cdi", "generate", *node.flags(), "--output", str(path),
-                               "--allow-untrusted-hook"], capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-        yield json.loads(path.read_text())
+        yield path
+
+
+@pytest.fixture(scope="module")
+def spec(spec_path: Path, node: SimNode) -> dict[str, Any]:
+    """The node's spec at ``spec_path``, for the module's lifetime."""
+    done = subprocess.run([NRI_GPU, "cdi", "generate", *node.flags(), "--output", str(spec_path),
+                           "--allow-untrusted-hook"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    value: dict[str, Any] = json.loads(spec_path.read_text())
+    return value
 
 
 def run_view(podman: Podman, device: str, *options: str) -> list[str]:
@@ -139,3 +147,29 @@ def test_start_time_with_and_without_a_gpu(podman: Podman, spec: dict[str, Any])
 
 def test_cuda_runtime_wheel_finds_the_driver(podman: Podman, spec: dict[str, Any]) -> None:
     check_cuda_runtime(podman.load, podman.run)
+
+
+def test_install_for_podman_writes_the_spec_podman_reads(
+    podman: Podman, spec: dict[str, Any], spec_path: Path, node: SimNode
+) -> None:
+    """``nri-gpu install --runtime podman --cdi-spec`` our path in /var/run/cdi: podman
+    injects from it; a second install changes nothing; after uninstall the spec is gone
+    and podman refuses the request (the module's spec is put back after)."""
+    kept = spec_path.read_bytes()
+    spec_path.unlink()
+    argv = [NRI_GPU, "install", "--runtime", "podman", "--cdi-spec", str(spec_path), *node.flags(),
+            "--hook-path", NRI_GPU, "--allow-untrusted-hook", "--no-unit"]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True)
+        assert done.returncode == 0 and "CDI spec written" in done.stdout, done
+        assert json.loads(spec_path.read_text()) == spec  # what cdi generate writes
+        again = subprocess.run(argv, capture_output=True, text=True)
+        assert again.returncode == 0 and "nothing to change" in again.stdout, again
+        assert_gpus(run_view(podman, "0"), [node.gpus[0]])
+        undone = subprocess.run([NRI_GPU, "uninstall", "--runtime", "podman", "--cdi-spec", str(spec_path)],
+                                capture_output=True, text=True)
+        assert undone.returncode == 0 and not spec_path.exists(), undone
+        refused = podman.run(GLIBC, "true", options=["--device", "nvidia.com/gpu=0"])
+        assert refused.returncode != 0 and "nvidia.com/gpu=0" in refused.stderr, refused
+    finally:
+        spec_path.write_bytes(kept)

@@ -173,6 +173,16 @@ class Docker:
         reap_stale()
         self._made_run_docker = not _PLUGIN_SOCKETS.parent.exists()
         self.containerd.start()
+        self._start_dockerd(timeout)
+
+    def restart_daemon(self, timeout: float = 30.0) -> None:
+        """Stop dockerd (its containers removed) and start it again over the same containerd,
+        reading ``daemon.json`` as it is now: what ``systemctl restart docker`` does after
+        ``nri-gpu install`` edited it (the test plays the service manager)."""
+        self._stop_dockerd()
+        self._start_dockerd(timeout)
+
+    def _start_dockerd(self, timeout: float) -> None:
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen([str(self.bin.dockerd), "--config-file", str(self.config)],
                                           stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -232,6 +242,17 @@ class Docker:
 
     def stop(self, timeout: float = 20.0) -> None:
         """Remove every container, stop dockerd, then containerd (with its full clean-up)."""
+        self._stop_dockerd(timeout)
+        self.containerd.stop()
+        hostops.unmount_under(self.workdir)  # overlay2 mounts of a container dockerd lost
+        if self._made_run_docker:
+            for folder in (_PLUGIN_SOCKETS, _PLUGIN_SOCKETS.parent):
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break  # another dockerd's, or in use
+
+    def _stop_dockerd(self, timeout: float = 20.0) -> None:
         if self._proc is not None and self._proc.poll() is None:
             ids = self("ps", "--all", "--quiet", check=False, timeout=10).stdout.split()
             if ids:
@@ -242,14 +263,6 @@ class Docker:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait(5)
-        self.containerd.stop()
-        hostops.unmount_under(self.workdir)  # overlay2 mounts of a container dockerd lost
-        if self._made_run_docker:
-            for folder in (_PLUGIN_SOCKETS, _PLUGIN_SOCKETS.parent):
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break  # another dockerd's, or in use
 
 
 def reap_stale() -> list[Path]:
