@@ -11,9 +11,9 @@ no network set-up, ``cgroupfs``, and ``cdi-spec-dirs`` naming a private folder: 
 module's spec goes there, so nothing is written to ``/etc/cdi`` or ``/var/run/cdi``
 and no lock is needed.
 
-Each container is one ``docker run --rm --network none`` whose script prints what the
-checks read (VIEW of test_podman): the device nodes, ``/proc/driver/nvidia/gpus``,
-``ldconfig -p``, the user and ``NVIDIA_VISIBLE_DEVICES``. The container must get
+Each container is one ``docker run --rm --network none`` whose script prints what
+the checks read (VIEW of tests/e2e/cdi_runtime_cases.py): the device nodes,
+``/proc/driver/nvidia/gpus``, ``ldconfig -p``, the user and ``NVIDIA_VISIBLE_DEVICES``. The container must get
 what the NRI path gives: exactly its GPU's ``/dev/nvidia<minor>`` and the control
 nodes, that GPU's procfs entry only, libcuda in the ld.so cache.
 
