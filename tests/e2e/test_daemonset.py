@@ -142,18 +142,22 @@ def _recursive_read_only_supported(cri: CriClient) -> bool:
     return any(h.name == "" and h.features.recursive_read_only_mounts for h in handlers)
 
 
-def _mounts(bed: Testbed, manifest: Manifest, config_dir: Path, rro: bool) -> list[object]:
-    """The DaemonSet's volume mounts as CRI mounts: the ConfigMap's files from
-    ``config_dir``, the NRI socket's directory from containerd's, the rest as written."""
+def _mounts(bed: Testbed, manifest: Manifest, container: dict[str, Any], config_dir: Path, rro: bool,
+            nri_socket: Path, moved: dict[str, tuple[str, str]]) -> list[object]:
+    """``container``'s volume mounts as CRI mounts: the ConfigMap's files from
+    ``config_dir``, the NRI socket's directory from ``nri_socket``'s, a volume named in
+    ``moved`` from its (host path, mount path) there, the rest as written."""
     pb = bed.cri.pb
-    nri_socket = Path(bed.containerd.nri_socket)
     socket_dir = manifest.settings.plugin.socket.rpartition("/")[0]
     assert nri_socket.name == manifest.settings.plugin.socket.rpartition("/")[2]
     volumes = {v["name"]: v for v in manifest.pod["volumes"]}
     mounts = []
-    for mount in manifest.container["volumeMounts"]:
+    for mount in container["volumeMounts"]:
         volume = volumes[mount["name"]]
-        if "configMap" in volume:
+        container_path = mount["mountPath"]
+        if mount["name"] in moved:
+            host_path, container_path = moved[mount["name"]]
+        elif "configMap" in volume:
             assert volume["configMap"]["name"] == manifest.configmap["metadata"]["name"]
             for key, text in manifest.configmap["data"].items():
                 (config_dir / key).write_text(text)
@@ -168,7 +172,7 @@ def _mounts(bed: Testbed, manifest: Manifest, config_dir: Path, rro: bool) -> li
             propagation = _root_propagation(pb)
         # Enabled where the runtime can; IfPossible (deploy/README.md's fallback) elsewhere.
         recursive = mount.get("recursiveReadOnly") in ("Enabled", "IfPossible") and rro
-        mounts.append(pb.Mount(container_path=mount["mountPath"], host_path=host_path,
+        mounts.append(pb.Mount(container_path=container_path, host_path=host_path,
                                readonly=mount.get("readOnly", False), recursive_read_only=recursive,
                                propagation=propagation))
     return mounts
@@ -199,18 +203,26 @@ def _security_context(pb: Any, security: dict[str, Any], host_ns: Any) -> Any:
         masked_paths=[] if privileged else _MASKED_PATHS, readonly_paths=[] if privileged else _READONLY_PATHS)
 
 
-def run_plugin_pod(bed: Testbed, node: SimNode, *, ld_cache: str = "", without: str = "") -> PluginPod:
-    """The DaemonSet's pod, as deploy/daemonset.yaml and deploy/configmap.yaml make it;
-    with ``ld_cache`` set in the config file, or ``without`` one of its capabilities."""
+@dataclass
+class Sandbox:
+    """The DaemonSet's pod sandbox, as the kubelet runs it before its containers."""
+
+    bed: Testbed
+    manifest: Manifest
+    pod_id: str
+    config: Any  # the PodSandboxConfig
+    host_ns: Any
+    config_dir: Path  # the ConfigMap's files
+    rro: bool  # the runtime makes recursive read-only mounts
+
+
+def run_sandbox(bed: Testbed, manifest: Manifest) -> Sandbox:
     cri, pb = bed.cri, bed.cri.pb
-    manifest = Manifest.load()
-    if ld_cache:
-        text = manifest.configmap["data"]["config.toml"].replace("[engine]\n", f'[engine]\nld_cache = "{ld_cache}"\n')
-        manifest.configmap["data"]["config.toml"] = text
-        assert manifest.settings.engine.ld_cache == ld_cache
-    pod, container = manifest.pod, manifest.container
-    if without:
-        container["securityContext"]["capabilities"]["add"].remove(without)
+    workdir = str(bed.workdir)
+    if workdir not in _imported:
+        images.import_image(bed.containerd, plugin_image())
+        _imported.add(workdir)
+    pod = manifest.pod
     name, namespace = manifest.daemonset["metadata"]["name"], manifest.daemonset["metadata"]["namespace"]
     uid = uuid.uuid4().hex
     log_dir = cri.log_root / f"{namespace}_{name}_{uid}"
@@ -222,8 +234,7 @@ def run_plugin_pod(bed: Testbed, node: SimNode, *, ld_cache: str = "", without: 
         pid=_NS_NODE if pod.get("hostPID") else _NS_POD,
         ipc=_NS_NODE if pod.get("hostIPC") else _NS_POD,
     )
-    security = container["securityContext"]
-    privileged = bool(security.get("privileged", False))
+    privileged = bool(manifest.container["securityContext"].get("privileged", False))
     if not pod.get("hostNetwork"):
         _pod_network(bed)
     pod_config = pb.PodSandboxConfig(
@@ -236,6 +247,47 @@ def run_plugin_pod(bed: Testbed, node: SimNode, *, ld_cache: str = "", without: 
         ),
     )
     pod_id = cri.call("RunPodSandbox", pb.RunPodSandboxRequest(config=pod_config)).pod_sandbox_id
+    return Sandbox(bed, manifest, str(pod_id), pod_config, host_ns, config_dir, _recursive_read_only_supported(cri))
+
+
+def start_container(sandbox: Sandbox, container: dict[str, Any], args: list[str], *, attempt: int = 0,
+                    nri_socket: Path | None = None, moved: dict[str, tuple[str, str]] | None = None) -> str:
+    """``container`` of the manifest, with ``args``, started in the sandbox as the
+    kubelet starts it (its command, security context and mounts as written)."""
+    bed, pb = sandbox.bed, sandbox.bed.cri.pb
+    config = pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name=container["name"], attempt=attempt),
+        image=pb.ImageSpec(image=IMAGE),
+        command=container.get("command", []),
+        args=args,
+        log_path=f"{container['name']}_{attempt}.log",
+        mounts=_mounts(bed, sandbox.manifest, container, sandbox.config_dir, sandbox.rro,
+                       nri_socket or Path(bed.containerd.nri_socket), moved or {}),
+        linux=pb.LinuxContainerConfig(
+            security_context=_security_context(pb, container["securityContext"], sandbox.host_ns)),
+    )
+    req = pb.CreateContainerRequest(pod_sandbox_id=sandbox.pod_id, config=config, sandbox_config=sandbox.config)
+    cid = str(bed.cri.call("CreateContainer", req).container_id)
+    bed.cri.start_container(cid)
+    return cid
+
+
+def run_plugin_pod(bed: Testbed, node: SimNode, *, ld_cache: str = "", without: str = "",
+                   nri_socket: Path | None = None, sandbox: Sandbox | None = None) -> PluginPod:
+    """The DaemonSet's pod, as deploy/daemonset.yaml and deploy/configmap.yaml make it;
+    with ``ld_cache`` set in the config file, or ``without`` one of its capabilities;
+    connected to ``nri_socket`` (default: the test bed's); in ``sandbox`` when its init
+    container ran there first."""
+    manifest = sandbox.manifest if sandbox is not None else Manifest.load()
+    if ld_cache:
+        text = manifest.configmap["data"]["config.toml"].replace("[engine]\n", f'[engine]\nld_cache = "{ld_cache}"\n')
+        manifest.configmap["data"]["config.toml"] = text
+        assert manifest.settings.engine.ld_cache == ld_cache
+    container = manifest.container
+    if without:
+        container["securityContext"]["capabilities"]["add"].remove(without)
+    if sandbox is None:
+        sandbox = run_sandbox(bed, manifest)
     assert "command" not in container  # the image's entrypoint runs, as in the DaemonSet
     host = manifest.settings.engine.host_root
     args = [
@@ -246,19 +298,8 @@ def run_plugin_pod(bed: Testbed, node: SimNode, *, ld_cache: str = "", without: 
         "--proc-root", f"{host}{node.proc_root}",
         "--log-level", "debug",
     ]  # ldconfig: engine.ldconfig's default /sbin/ldconfig is the image's own
-    rro = _recursive_read_only_supported(cri)
-    config = pb.ContainerConfig(
-        metadata=pb.ContainerMetadata(name=container["name"], attempt=0),
-        image=pb.ImageSpec(image=IMAGE),
-        args=args,
-        log_path=f"{container['name']}_0.log",
-        mounts=_mounts(bed, manifest, config_dir, rro),
-        linux=pb.LinuxContainerConfig(security_context=_security_context(pb, security, host_ns)),
-    )
-    req = pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=config, sandbox_config=pod_config)
-    cid = cri.call("CreateContainer", req).container_id
-    cri.start_container(cid)
-    return PluginPod(str(pod_id), str(cid), cri, rro)
+    cid = start_container(sandbox, container, args, nri_socket=nri_socket)
+    return PluginPod(sandbox.pod_id, cid, bed.cri, sandbox.rro)
 
 
 def probe(manifest: Manifest, kind: str, pod: PluginPod) -> int:
@@ -289,10 +330,6 @@ def _squat(port: int) -> socket.socket | None:
 @contextlib.contextmanager
 def plugin_pod_running(testbed: Testbed, node: SimNode, **variant: str) -> Iterator[PluginPod]:
     """The DaemonSet's pod (``variant``: run_plugin_pod's), registered; stopped cleanly after."""
-    workdir = str(testbed.workdir)
-    if workdir not in _imported:
-        images.import_image(testbed.containerd, plugin_image())
-        _imported.add(workdir)
     # A local user takes the probe port on the node first; the pod has a port of its own.
     squatter = _squat(parse_address(Manifest.load().settings.plugin.metrics_address)[1])
     try:

@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import time
+import tomllib
 from pathlib import Path
 from types import TracebackType
 
@@ -59,6 +60,7 @@ class Containerd:
         nri_request_timeout: str = "2s",
         nri_registration_timeout: str = "5s",
         nri_disable_connections: bool = False,
+        nri: bool = True,
     ) -> None:
         self.version = version
         self.runtime = runtimes.fetch(version)
@@ -69,6 +71,10 @@ class Containerd:
         self.nri_request_timeout = nri_request_timeout
         self.nri_registration_timeout = nri_registration_timeout
         self.nri_disable_connections = nri_disable_connections
+        # False: a node as containerd 1.7 ships, NRI off (no NRI table), and config.toml
+        # the node's own: written by the first prepare() only, then left to whoever edits
+        # it (nri-gpu node-setup); start() waits for NRI only where that file turns it on.
+        self.nri = nri
         self._proc: subprocess.Popen[bytes] | None = None
         self._pid: int | None = None
         if len(str(self.address)) + len(".ttrpc") > _SOCKET_MAX:
@@ -139,7 +145,8 @@ class Containerd:
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
         self.nri_plugin_dir.mkdir(parents=True, exist_ok=True)
         self.nri_config_dir.mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(self.config_text())
+        if self.nri or not self.config_path.exists():
+            self.config_path.write_text(self.config_text())
         self._write_marker()
 
     def start(self, timeout: float = 30.0) -> None:
@@ -190,7 +197,7 @@ class Containerd:
                     raise ContainerdError(f"containerd {self.version} exited ({code}) during start:\n{self.log_tail()}")
                 try:
                     version(b"", timeout=1.0)
-                    if self.nri_socket.exists():
+                    if self.nri_socket.exists() or not self.nri_enabled():
                         return
                     last_error = f"NRI socket {self.nri_socket} missing"
                 except grpc.RpcError as exc:
@@ -198,6 +205,11 @@ class Containerd:
                 time.sleep(0.02)
         raise ContainerdError(
             f"containerd {self.version} not ready after {timeout}s ({last_error}):\n{self.log_tail()}")
+
+    def nri_enabled(self) -> bool:
+        """Whether config.toml turns NRI on (containerd 1.7: off unless ``disable = false``)."""
+        table = tomllib.loads(self.config_path.read_text()).get("plugins", {}).get("io.containerd.nri.v1.nri", {})
+        return table.get("disable", self.version.startswith("1.")) is False
 
     def stop(self, timeout: float = 10.0, clean: bool = True) -> None:
         """Stop the daemon. With ``clean`` (the default), first remove every pod and

@@ -52,6 +52,15 @@ temp = {_toml(str(w / "tmp"))}
   level = {_toml(c.log_level)}
 
 [plugins]
+{_nri(c) if c.nri else ""}
+  [plugins.'io.containerd.internal.v1.opt']
+    path = {_toml(str(w / "opt"))}
+"""
+
+
+def _nri(c: Containerd) -> str:
+    # Without it (Containerd(nri=False)) NRI has containerd's defaults: off in 1.7.
+    return f"""\
   [plugins.'io.containerd.nri.v1.nri']
     disable = false
     disable_connections = {_toml(c.nri_disable_connections)}
@@ -60,9 +69,6 @@ temp = {_toml(str(w / "tmp"))}
     plugin_config_path = {_toml(str(c.nri_config_dir))}
     plugin_registration_timeout = {_toml(c.nri_registration_timeout)}
     plugin_request_timeout = {_toml(c.nri_request_timeout)}
-
-  [plugins.'io.containerd.internal.v1.opt']
-    path = {_toml(str(w / "opt"))}
 """
 
 
