@@ -66,6 +66,12 @@ WRITE_TIMEOUT = 2.0  # for the client to take the answer
 # Far above what probes and a scraper need; well below the file descriptors the
 # plugin needs for its own work (each connection is one).
 MAX_CLIENTS = 256
+# A request refused before it was read whole (414, 431) leaves bytes in flight; a
+# close with unread bytes makes the kernel send a reset, which can destroy the
+# answer before the client reads it. So such a connection is half-closed after the
+# answer and read to its end, discarding at most this much (and for at most
+# WRITE_TIMEOUT), as web servers do ("lingering close").
+LINGER_BYTES = 64 * 1024
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JSON_CONTENT_TYPE = "application/json"
 
@@ -287,6 +293,9 @@ class _Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
         self.receiving = True
+        self._lingering = False  # answered early: discarding what the client still sends
+        self._discarded = 0
+        self._eof = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -296,6 +305,11 @@ class _Connection(asyncio.Protocol):
         self._server._admit(self)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            self._discarded += len(data)
+            if self._discarded > LINGER_BYTES:
+                self.abort()
+            return
         if not self.receiving:
             return  # anything after the headers is ignored
         self._buffer += data
@@ -303,13 +317,16 @@ class _Connection(asyncio.Protocol):
         if parsed is None:
             return
         if isinstance(parsed, Response):
-            self._respond(parsed)
+            self._respond(parsed, linger=True)
             return
         self.receiving = False
         self._buffer.clear()
         self._task = asyncio.get_running_loop().create_task(self._answer(*parsed))
 
     def eof_received(self) -> bool | None:
+        self._eof = True
+        if self._lingering:
+            return None  # the client has sent everything and the answer is out: close
         if self.receiving:
             self.abort()  # half a request and nothing more to come
             return None
@@ -323,7 +340,8 @@ class _Connection(asyncio.Protocol):
             response = _text(503, "internal error")
         self._respond(response)
 
-    def _respond(self, response: Response) -> None:
+    def _respond(self, response: Response, *, linger: bool = False) -> None:
+        """Send the answer and close; ``linger``: the request was not read whole (LINGER_BYTES)."""
         self.receiving = False
         if self._timer is not None:
             self._timer.cancel()
@@ -331,7 +349,11 @@ class _Connection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         transport.write(response.encode())
-        transport.close()  # after the answer is flushed
+        if linger and not self._eof and transport.can_write_eof():
+            transport.write_eof()  # the answer, then our FIN; the socket closes at the client's
+            self._lingering = True
+        else:
+            transport.close()  # after the answer is flushed
         self._timer = asyncio.get_running_loop().call_later(WRITE_TIMEOUT, self.abort)
 
     def abort(self) -> None:
