@@ -8,6 +8,7 @@ This module holds the decisions, so that each can be tested without a node:
 * ``Options.validate``: the flags, checked together (signal is refused for CRI-O,
   which reloads on SIGHUP instead of exiting; fail-closed needs the version given,
   as node-setup never runs the host's runtime binary to ask it);
+* ``leave_unwritten``: no config file is created where NRI is served already;
 * ``restart_needed``: a restart when the config changed, or, setting up, when the
   config was already as wanted but nothing listens on the NRI socket (an earlier
   run changed the file and was stopped before its restart);
@@ -28,6 +29,7 @@ __all__ = [
     "RestartMode",
     "advice",
     "default_restart_mode",
+    "leave_unwritten",
     "restart_needed",
 ]
 
@@ -95,6 +97,14 @@ class Options:
             raise NodeSetupError(
                 "--fail-closed needs --runtime-version: node-setup does not run the host's runtime binary to ask it"
             )
+
+
+def leave_unwritten(file_exists: bool, listening: bool, options: Options) -> bool:
+    """Whether to write nothing at all: NRI is served already (containerd 2.x, CRI-O
+    1.30+: on by default) and the file install would create does not exist. Creating it
+    would change nothing but cost a restart of the runtime on every such node. With
+    fail-closed the validator's keys are still to be written."""
+    return not options.undo and listening and not file_exists and not options.fail_closed
 
 
 def restart_needed(changed: bool, listening: bool, undo: bool) -> bool:

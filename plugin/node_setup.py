@@ -3,12 +3,14 @@
 Theory of operation. The init container has the host's ``/`` read-only at
 ``--host-root`` and, on top of it, the runtime's config folder writable. In order:
 
-1. the config folder is looked up inside the host root (``plugin.node_root``: no
+1. whether something already serves NRI is asked of the NRI socket, and its
+   peer's pid kept; where it does and there is no config file, nothing is written
+   (``plugin.node_plan.leave_unwritten``: containerd 2.x needs none);
+2. the config folder is looked up inside the host root (``plugin.node_root``: no
    link leads out of it) and ``nri-gpu install`` (``--undo``: ``uninstall``) runs
    on that folder's descriptor, with its usual backup and record beside the config;
-2. whether something already serves NRI is asked of the NRI socket, and its
-   peer's pid kept: a restart is done when the config changed, or when nothing
-   serves NRI (``plugin.node_plan.restart_needed``);
+   a restart is done when the config changed, or when nothing serves NRI
+   (``plugin.node_plan.restart_needed``);
 3. the restart, by ``--restart-mode``: ``systemd`` runs the host's ``systemctl
    restart <service>`` chrooted into the host root, after checking that only root
    can change that binary; ``signal`` sends SIGHUP to the daemon found as the
@@ -47,12 +49,14 @@ from plugin.node_plan import (
     RestartMode,
     advice,
     default_restart_mode,
+    leave_unwritten,
     restart_needed,
 )
 from plugin.node_root import NodeRoot, NodeRootError
 from plugin.runtime_setup import (
     CONTAINERD_CONFIG,
     CRIO_DROPIN_DIR,
+    CRIO_DROPIN_NAME,
     Result,
     SetupError,
     fail_closed_for,
@@ -132,9 +136,19 @@ def main(args: argparse.Namespace) -> int:
 def run(options: Options, plugin_name: str = DEFAULT_NAME) -> None:
     """Set up (or undo) the node. Raises NodeSetupError, NodeRootError, SetupError, FileRefused."""
     with NodeRoot(options.host_root) as root:
-        result = _edit(root, options, plugin_name)
-        _report(result)
         served_by = None if options.undo else _nri_peer(root, options.nri_socket)
+        fd = root.open_folder(str(_folder(options)))
+        try:
+            if leave_unwritten(_exists(fd, options), served_by is not None, options):
+                print(
+                    f"{options.nri_socket}: NRI is served (pid {served_by}) and there is no {_file(options)}: "
+                    "nothing to change"
+                )
+                return
+            result = _edit(fd, options, plugin_name)
+        finally:
+            os.close(fd)
+        _report(result)
         if not restart_needed(result.changed, served_by is not None, options.undo):
             print(f"{options.nri_socket}: NRI is served (pid {served_by}); no restart" if served_by else "no restart")
             return
@@ -145,21 +159,36 @@ def run(options: Options, plugin_name: str = DEFAULT_NAME) -> None:
             _wait_for_nri(root, options, served_by)
 
 
-def _edit(root: NodeRoot, options: Options, plugin_name: str) -> Result:
+def _folder(options: Options) -> Path:
+    """The folder install writes in: the config's (containerd), the drop-in folder (CRI-O)."""
     config = Path(options.config)
-    folder = config.parent if options.runtime == "containerd" else config
-    fd = root.open_folder(str(folder))
+    return config.parent if options.runtime == "containerd" else config
+
+
+def _file(options: Options) -> Path:
+    """The file install creates where there is none."""
+    return Path(options.config) if options.runtime == "containerd" else Path(options.config, CRIO_DROPIN_NAME)
+
+
+def _exists(folder: int, options: Options) -> bool:
     try:
-        if options.undo:
-            return uninstall(options.runtime, config, at=fd)
-        fail_closed, why = None, "fail-closed: not set up (--fail-closed not given)"
-        if options.fail_closed:
-            fail_closed, why = fail_closed_for(options.runtime, options.runtime_version, "", plugin_name)
-        result = install(options.runtime, config, options.nri_socket, fail_closed=fail_closed, at=fd)
-        result.messages.append(why)
-        return result
-    finally:
-        os.close(fd)
+        os.stat(_file(options).name, dir_fd=folder, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _edit(folder: int, options: Options, plugin_name: str) -> Result:
+    """install (``--undo``: uninstall) in the folder ``folder`` is a descriptor of."""
+    config = Path(options.config)
+    if options.undo:
+        return uninstall(options.runtime, config, at=folder)
+    fail_closed, why = None, "fail-closed: not set up (--fail-closed not given)"
+    if options.fail_closed:
+        fail_closed, why = fail_closed_for(options.runtime, options.runtime_version, "", plugin_name)
+    result = install(options.runtime, config, options.nri_socket, fail_closed=fail_closed, at=folder)
+    result.messages.append(why)
+    return result
 
 
 def _report(result: Result) -> None:

@@ -23,7 +23,14 @@ from pathlib import Path
 import pytest
 
 from plugin.__main__ import main
-from plugin.node_plan import NodeSetupError, Options, RestartMode, default_restart_mode, restart_needed
+from plugin.node_plan import (
+    NodeSetupError,
+    Options,
+    RestartMode,
+    default_restart_mode,
+    leave_unwritten,
+    restart_needed,
+)
 from plugin.node_root import NodeRoot, NodeRootError
 from plugin.runtime_setup import backup_path, record_path
 
@@ -90,6 +97,21 @@ def test_options_accepted() -> None:
 )
 def test_restart_needed(changed: bool, listening: bool, undo: bool, restart: bool) -> None:
     assert restart_needed(changed, listening, undo) is restart
+
+
+@pytest.mark.parametrize(
+    ("exists", "listening", "changes", "leave"),
+    [
+        (False, True, {}, True),  # containerd 2.x without a config file: NRI on already
+        (False, False, {}, False),  # containerd 1.7 without a config file: NRI off, create one
+        (True, True, {}, False),  # a file is there: install decides, key by key
+        (False, True, {"fail_closed": True, "runtime_version": (2, 2, 0)}, False),  # the validator needs keys
+        (False, True, {"undo": True}, False),  # undo reads its record, whatever serves NRI
+    ],
+    ids=["served-no-file", "off-no-file", "file-there", "fail-closed", "undo"],
+)
+def test_leave_unwritten(exists: bool, listening: bool, changes: dict[str, object], leave: bool) -> None:
+    assert leave_unwritten(exists, listening, _options(**changes)) is leave
 
 
 def test_default_restart_modes_are_the_operators() -> None:
@@ -315,6 +337,19 @@ def test_mode_none_waits_for_someone_to_restart_the_runtime(
     out = capsys.readouterr().out
     assert "restart mode none: restart the runtime yourself (systemctl restart containerd)" in out
     person.join(10)
+
+
+def test_a_node_serving_nri_without_a_config_file_is_left_alone(
+    host: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """containerd 2.x with no config.toml: NRI is on by default, so no file is created
+    and nothing is restarted (nothing listens on the API socket: a signal would fail)."""
+    (host / "etc/containerd/config.toml").unlink()
+    with _listen(host / "var/run/nri/nri.sock"):
+        assert _node_setup(host, "--restart-mode", "signal") == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert f"NRI is served (pid {os.getpid()}) and there is no /etc/containerd/config.toml: nothing to change" in out
+    assert list((host / "etc/containerd").iterdir()) == []
 
 
 def test_nri_that_never_comes_is_a_bounded_wait_with_the_reason(
