@@ -89,7 +89,8 @@ class NodeRoot:
     def connect(self, node_path: str, timeout: float) -> socket.socket:
         """A stream socket connected to the Unix socket ``node_path``. Raises
         FileNotFoundError when nothing is there, ConnectionRefusedError when a socket
-        file is there and nobody listens, NodeRootError when it is not a socket."""
+        file is there and nobody listens, TimeoutError when its backlog stays full,
+        NodeRootError when it is not a socket or refuses us otherwise."""
         fd = self.open(node_path)
         try:
             if not stat.S_ISSOCK(os.fstat(fd).st_mode):
@@ -100,6 +101,12 @@ class NodeRoot:
                 # The inode just checked: connect(2) follows the descriptor's magic link
                 # to it, never the node path again.
                 sock.connect(f"/proc/self/fd/{fd}")
+            except (FileNotFoundError, ConnectionRefusedError, TimeoutError):
+                sock.close()
+                raise
+            except OSError as exc:
+                sock.close()
+                raise NodeRootError(f"{node_path} (under {self.path}): connect: {exc.strerror}") from exc
             except BaseException:
                 sock.close()
                 raise
