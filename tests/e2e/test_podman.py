@@ -1,4 +1,5 @@
-"""The CDI path on podman 4.3.1 (Debian bookworm): ``podman run --device nvidia.com/gpu=…``.
+"""The CDI path on podman 4.3.1, 5.4.2 and 5.8.6 (Debian bookworm, trixie, sid):
+``podman run --device nvidia.com/gpu=…``, every test on each version.
 
 podman never reaches NRI: it injects from ``nri-gpu cdi generate``'s spec itself
 (CDI library 0.5.x: ``cdiVersion`` up to 0.5.0, unknown fields refused) and runc
@@ -34,7 +35,7 @@ import pytest
 from tests.testbed import debs, hostile, images
 from tests.testbed.gpunode import SimNode
 from tests.testbed.images import GLIBC
-from tests.testbed.podman import Podman, SpecFolderTaken, shared_spec_path
+from tests.testbed.podman import VERSIONS, Podman, SpecFolderTaken, shared_spec_path
 
 from .cdi_runtime_cases import assert_gpus, check_cuda_runtime, check_hostile_image, planted_bait, start_p50
 from .cdi_runtime_cases import run_view as _run_view
@@ -42,16 +43,17 @@ from .conftest import NRI_GPU, _cannot_run, _preflight
 from .test_hostile_images import Bait
 
 
-@pytest.fixture(scope="module")
-def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
-    """podman with the glibc image loaded."""
+@pytest.fixture(scope="module", params=VERSIONS, ids=[f"podman-{v.rpartition('.')[0]}" for v in VERSIONS])
+def podman(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
+    """podman of each version with the glibc image loaded."""
     reason = _preflight()
     if reason:
         _cannot_run(reason)
     try:
-        pm = Podman(tmp_path_factory.mktemp("podman"))
+        pm = Podman(tmp_path_factory.mktemp("podman"), version=request.param)
     except debs.DebUnavailable as exc:
-        _cannot_run(f"cannot download podman and nothing is cached: {exc}")
+        _cannot_run(f"cannot download podman {request.param} and nothing is cached: {exc}")
+    assert f"podman version {request.param}" in pm("--version").stdout
     pm.load(images.glibc_image())
     yield pm
     pm.cleanup()

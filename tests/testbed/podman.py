@@ -1,4 +1,5 @@
-"""podman 4.3.1 from Debian bookworm for the end-to-end tests, private to one workdir.
+"""podman from Debian for the end-to-end tests, private to one workdir: 4.3.1
+(bookworm), 5.4.2 (trixie) and 5.8.6 (sid).
 
 Nothing is installed: the packages are unpacked into the cache (tests/testbed/debs.py)
 and podman runs from there with its own configuration, all under ``workdir``:
@@ -16,10 +17,16 @@ and podman runs from there with its own configuration, all under ``workdir``:
 
 bookworm's podman links libsubid and libgpgme, which a bookworm machine without
 podman lacks: they are unpacked too and found through ``LD_LIBRARY_PATH``.
+trixie's and sid's are built for glibc 2.38+ and newer libsubid/libgpgme: they
+run relinked (tests/testbed/relink.py) to their suite's unpacked loader and
+libraries (the machine's own serve the rest), with their suite's netavark (podman
+5 refuses to start without one, although ``--network none`` never calls it, also
+relinked) as ``helper_binaries_dir``. conmon, runc and the seccomp profile are
+bookworm's for every version.
 
-What podman 4.3 still does outside ``workdir``: it reads CDI specs only from
-``/etc/cdi`` and ``/var/run/cdi`` (no option before 5.5; the tests write a spec of
-their own there and remove it), and an image pull writes its blob-info cache to
+What podman still does outside ``workdir``: it reads CDI specs from ``/etc/cdi``
+and ``/var/run/cdi`` (4.3 knows no other folder; the tests write a spec of their
+own there, for every version, and remove it), and an image pull writes its blob-info cache to
 ``/var/lib/containers/cache`` (c/common 0.51 moved it under the graph root). Containers
 run with ``--network none`` (no CNI, netavark or slirp needed) and explicit
 ``--ulimit``s: podman's defaults (nofile 1048576) exceed these machines' hard limits.
@@ -38,23 +45,43 @@ from pathlib import Path
 
 from plugin.cdi_conflicts import conflicts
 
-from . import debs, runtimes
+from . import debs, relink, runtimes
 from .cache import cache_dir
 from .images import Image
 
-__all__ = ["VERSION", "Binaries", "Podman", "fetch"]
+__all__ = ["VERSION", "VERSIONS", "Binaries", "Podman", "fetch"]
 
-VERSION = "4.3.1"
-# package -> (suite, Debian version glob); see runtimes.py for why globs.
-_DEBS = {
-    "podman": ("bookworm", "4.3.1+ds1-*"),
+
+@dataclass(frozen=True)
+class _Release:
+    suite: str
+    podman: str  # Debian version glob; see runtimes.py for why globs
+    libraries: dict[str, str]  # package -> version glob, from the same suite
+    relinked: bool = False  # built for a newer glibc than the machine's: relink.py
+    netavark: str | None = None  # podman 5 will not start without a network helper
+
+
+_RELEASES = {
+    "4.3.1": _Release("bookworm", "4.3.1+ds1-*", {
+        "libsubid4": "1:4.13+dfsg1-*", "libgpgme11": "1.18.0-*", "libassuan0": "2.5.5-*",
+    }),
+    "5.4.2": _Release("trixie", "5.4.2+ds1-*", {
+        "libc6": "2.41-*", "libsubid5": "1:4.17.4-*", "libgpgme11t64": "1.24.2-*", "libassuan9": "3.0.2-*",
+    }, relinked=True, netavark="1.14.0-*"),
+    "5.8.6": _Release("sid", "5.8.6+ds1-*", {
+        "libc6": "2.43-*", "libsubid6": "1:4.20.3-*", "libgpgme45": "2.2.0-*", "libassuan9": "3.0.2-*",
+        "libgpg-error0": "1.61-*",
+    }, relinked=True, netavark="1.14.0-*"),
+}
+VERSIONS: tuple[str, ...] = tuple(_RELEASES)
+VERSION = VERSIONS[0]
+# What every version runs with, from bookworm: see the module doc.
+_COMMON = {
     "conmon": ("bookworm", "2.1.6+ds1-*"),
     "golang-github-containers-common": ("bookworm", "0.50.1+ds1-*"),  # seccomp.json
-    "libsubid4": ("bookworm", "1:4.13+dfsg1-*"),
-    "libgpgme11": ("bookworm", "1.18.0-*"),
-    "libassuan0": ("bookworm", "2.5.5-*"),  # libgpgme's
 }
 _LIBDIR = "usr/lib/x86_64-linux-gnu"
+_LOADER = "ld-linux-x86-64.so.2"
 _PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -67,22 +94,42 @@ class Binaries:
     runc: Path
     seccomp: Path
     library_path: str  # for LD_LIBRARY_PATH
+    helpers: Path | None = None  # containers.conf helper_binaries_dir (podman 5: netavark)
 
 
-def fetch() -> Binaries:
-    """Unpack podman 4.3.1, conmon, libraries and runc (downloaded on first use).
+def fetch(version: str = VERSION) -> Binaries:
+    """Unpack podman ``version`` (one of VERSIONS), conmon, libraries and runc
+    (downloaded on first use); relink a newer suite's binaries to run here.
 
-    Raises debs.DebUnavailable offline with nothing cached, debs.DebError otherwise.
+    Raises debs.DebUnavailable offline with nothing cached, debs.DebError otherwise
+    (relink.RelinkError, one of them, when a relinked binary does not start).
     """
-    roots = {pkg: debs.extract(pkg, suite, version) for pkg, (suite, version) in _DEBS.items()}
+    release = _RELEASES[version]
+    common = {pkg: debs.extract(pkg, suite, glob) for pkg, (suite, glob) in _COMMON.items()}
+    podman = debs.extract("podman", release.suite, release.podman) / "usr/bin/podman"
+    libraries = [debs.extract(pkg, release.suite, glob) / _LIBDIR for pkg, glob in release.libraries.items()]
+    helpers = None
+    for path in (podman, *libraries):
+        if not path.exists():
+            raise debs.DebError(f"unpacked podman {version} packages lack {path}")
+    if release.relinked:
+        loader = next((d / _LOADER for d in libraries if (d / _LOADER).is_file()), None)
+        if loader is None:
+            raise debs.DebError(f"podman {version}: no {_LOADER} among {release.suite}'s unpacked libraries")
+        podman = relink.relink(podman, loader, libraries)
+        if release.netavark is not None:
+            netavark = debs.extract("netavark", release.suite, release.netavark) / "usr/lib/podman/netavark"
+            helpers = relink.relink(netavark, loader, libraries).parent
     found = Binaries(
-        podman=roots["podman"] / "usr/bin/podman",
-        conmon=roots["conmon"] / "usr/bin/conmon",
+        podman=podman,
+        conmon=common["conmon"] / "usr/bin/conmon",
         runc=runtimes.fetch_runc(),
-        seccomp=roots["golang-github-containers-common"] / "usr/share/containers/seccomp.json",
-        library_path=":".join(str(roots[p] / _LIBDIR) for p in ("libsubid4", "libgpgme11", "libassuan0")),
+        seccomp=common["golang-github-containers-common"] / "usr/share/containers/seccomp.json",
+        # For bookworm's podman; a relinked one finds its own through its RPATH first.
+        library_path="" if release.relinked else ":".join(str(d) for d in libraries),
+        helpers=helpers,
     )
-    for path in (found.podman, found.conmon, found.seccomp):
+    for path in (found.conmon, found.seccomp):
         if not path.is_file():
             raise debs.DebError(f"unpacked podman packages lack {path}")
     return found
@@ -105,10 +152,10 @@ def ulimits() -> list[str]:
 class Podman:
     """podman with a private root, run root, tmp dir and configuration under ``workdir``."""
 
-    def __init__(self, workdir: Path, binaries: Binaries | None = None) -> None:
+    def __init__(self, workdir: Path, binaries: Binaries | None = None, *, version: str = VERSION) -> None:
         self.workdir = workdir
-        self.bin = binaries or fetch()
-        self.version = VERSION
+        self.bin = binaries or fetch(version)
+        self.version = version
         for sub in ("root", "run", "tmp", "net"):
             (workdir / sub).mkdir(parents=True, exist_ok=True)
         self.conf = workdir / "containers.conf"
@@ -122,12 +169,13 @@ class Podman:
         conmon_env = [f"PATH={_PATH}", f"LD_LIBRARY_PATH={self.bin.library_path}",
                       f"CONTAINERS_CONF={self.conf}", f"CONTAINERS_STORAGE_CONF={self.storage_conf}",
                       f"CONTAINERS_REGISTRIES_CONF={self.registries_conf}"]
+        helpers = f"\nhelper_binaries_dir = {_toml_list([str(self.bin.helpers)])}" if self.bin.helpers else ""
         self.conf.write_text(f"""\
 [containers]
 seccomp_profile = {json.dumps(str(self.bin.seccomp))}
 
 [engine]
-cgroup_manager = "cgroupfs"
+cgroup_manager = "cgroupfs"{helpers}
 conmon_path = {_toml_list([str(self.bin.conmon)])}
 conmon_env_vars = {_toml_list(conmon_env)}
 events_logger = "file"
