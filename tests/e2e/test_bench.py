@@ -111,8 +111,9 @@ def assert_cdi_part(results: dict[str, Any], text: str, *, runs: int) -> None:
         assert "noop_hook_over_p50" in result
         assert f"| {engine}" in text
     alone = cdi["hook_alone"]
-    assert alone["hook"]["n"] == alone["/bin/true"]["n"] == runs and "over_p50" in alone
+    assert [alone[part]["n"] for part in ("/bin/true", "interpreter", "imports", "hook")] == [runs] * 4
+    assert "over_p50" in alone and len(alone["split_p50"]) == 3
     assert cdi["hook_command"][1:] == ["hook", "start-container"]
-    assert "## CDI: run --rm with and without a GPU" in text and "The hook alone" in text
+    assert "## CDI: run --rm with and without a GPU" in text and "The hook alone" in text and "imports" in text
     cdi_targets = [t for t in results["targets"] if t["target"].startswith("GPU run --rm p50 within 30 ms")]
     assert {t["runtime"] for t in cdi_targets} == set(cdi["engines"])

@@ -24,7 +24,13 @@ nvidia.com/gpu=0`` against the same run without it, measured side by side:
   cache) in a glibc root reset before each run. Each run starts in a private
   mount namespace with the node's procfs bound at the root's ``/proc`` (runc
   gives a hook the container's namespaces); the same start with ``/bin/true``
-  is measured beside it, so ``hook - /bin/true`` is the hook's own time.
+  is measured beside it, so ``hook - /bin/true`` is the hook's own time. Two
+  more commands split that time: the hook's interpreter (its ``#!`` line, with
+  ``site`` as the script gets it) running nothing, and the same interpreter
+  importing exactly the modules the hook's process holds at its end (listed by
+  one run of the hook beforehand), in the order it imported them. So:
+  interpreter - /bin/true is Python's start and exit, imports - interpreter the
+  imports, hook - imports the work (arguments, discovery, plan, start work).
 
 The target (issue 15): a GPU container's ``run --rm`` p50 at most 30 ms over a
 plain one, through each engine.
@@ -44,6 +50,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from plugin.hook_install import interpreter
 from tests.testbed import debs, images
 from tests.testbed.bundle import busybox_rootfs
 from tests.testbed.docker import Docker, DockerError
@@ -57,6 +64,23 @@ from .stats import percentile
 __all__ = ["HookAlone", "generate_spec", "install_hook", "measure_cdi", "series"]
 
 NOOP_KIND = "nri-gpu-bench.example/gpu"
+# The hook alone and the commands that split its time (HookAlone.commands).
+HOOK_PARTS = ("/bin/true", "interpreter", "imports", "hook")
+# Run by the hook's interpreter in place of its script: the hook, then the modules it holds.
+_LIST_MODULES = """
+import json, sys
+from plugin.entry import main
+sys.argv[0] = "nri-gpu"
+status = main()
+print(json.dumps(list(sys.modules)))
+sys.exit(status)
+"""
+_IMPORT_MODULES = """
+import importlib, json, sys
+for name in json.loads(sys.argv[1]):
+    if name not in sys.modules:
+        importlib.import_module(name)
+"""
 VARIANTS = {
     "plain": [],
     "gpu": ["--device", "nvidia.com/gpu=0"],
@@ -178,6 +202,21 @@ class HookAlone:
             {"ociVersion": "1.0.2", "id": "bench", "status": "creating", "bundle": str(self.bundle)}
         ).encode()
 
+    def commands(self) -> dict[str, list[str] | None]:
+        """HOOK_PARTS: the argv of each (None: the hook itself)."""
+        python = interpreter(self.path)
+        if not python:
+            raise RuntimeError(f"{self.path} is not a Python script")
+        self.reset()
+        listed = self._run([python, "-c", _LIST_MODULES, *self.argv[1:]], python)
+        modules = [m for m in json.loads(listed) if m != "__main__"]
+        return {
+            "/bin/true": ["/bin/true"],
+            "interpreter": [python, "-c", "pass"],
+            "imports": [python, "-c", _IMPORT_MODULES, json.dumps(modules)],
+            "hook": None,
+        }
+
     def reset(self) -> None:
         """A root as the image gives it: the hook's links, conf and cache gone."""
         shutil.rmtree(self.root, ignore_errors=True)
@@ -196,11 +235,15 @@ class HookAlone:
 
     def run(self, argv: list[str] | None = None) -> float:
         """ms from the start of the child to its exit: the hook, or ``argv`` in its place."""
-        command = argv or self.argv
         began = time.perf_counter()
+        self._run(argv or self.argv, None if argv else self.path)
+        return (time.perf_counter() - began) * 1000
+
+    def _run(self, command: list[str], executable: str | None) -> str:
+        """``command`` as the hook runs; its stdout. Raises RuntimeError if it fails."""
         done = subprocess.run(
             command,
-            executable=None if argv else self.path,
+            executable=executable,
             input=self.state,
             env=self.env,
             capture_output=True,
@@ -208,10 +251,9 @@ class HookAlone:
             cwd="/",
             check=False,
         )
-        took = (time.perf_counter() - began) * 1000
         if done.returncode != 0:
             raise RuntimeError(f"{command[0]} exited {done.returncode}: {done.stderr.decode(errors='replace')}")
-        return took
+        return done.stdout.decode()
 
 
 def _timed(run: Callable[..., subprocess.CompletedProcess[str]], options: list[str]) -> float:
@@ -273,17 +315,18 @@ def measure_cdi(
     say("CDI: installing the hook (pip install of the checkout into a fresh venv)")
     hook = install_hook(workdir / "install")
     alone = HookAlone(generate_spec(node, hook, workdir / "spec.json"), node, workdir)
+    parts = alone.commands()
     times: dict[tuple[str, str], list[float]] = {}
     with _engines(node, hook, workdir, docker_versions, say) as (runners, skipped):
         say(f"CDI: {runs} rounds of run --rm, plain and with a GPU, through {', '.join(runners) or 'no engine'}")
         for _ in range(runs):
             steps: list[tuple[str, str]] = [(e, v) for e in runners for v in VARIANTS]
-            steps += [("hook alone", "/bin/true"), ("hook alone", "hook")]
+            steps += [("hook alone", part) for part in HOOK_PARTS]
             rng.shuffle(steps)
             for engine, variant in steps:
                 if engine == "hook alone":
                     alone.reset()
-                    took = alone.run(["/bin/true"] if variant == "/bin/true" else None)
+                    took = alone.run(parts[variant])
                 else:
                     took = _timed(runners[engine], VARIANTS[variant])
                 times.setdefault((engine, variant), []).append(took)
@@ -297,15 +340,20 @@ def measure_cdi(
             # The GPU's cost without our hook's own: the engine's injection and a hook run.
             "noop_hook_over_p50": round(percentile(noop, 50) - percentile(plain, 50), 2),
         }
-    hook_times, true_times = times["hook alone", "hook"], times["hook alone", "/bin/true"]
+    p50 = {part: percentile(times["hook alone", part], 50) for part in HOOK_PARTS}
     return {
         "runs": runs,
         "hook_command": alone.argv[:3],
         "engines": engines,
         "skipped": skipped,
         "hook_alone": {
-            "/bin/true": series(true_times),
-            "hook": series(hook_times),
-            "over_p50": round(percentile(hook_times, 50) - percentile(true_times, 50), 2),
+            **{part: series(times["hook alone", part]) for part in HOOK_PARTS},
+            "over_p50": round(p50["hook"] - p50["/bin/true"], 2),
+            # Differences of p50s (see the module docstring): where the hook's own time goes.
+            "split_p50": {
+                "interpreter start and exit": round(p50["interpreter"] - p50["/bin/true"], 2),
+                "imports": round(p50["imports"] - p50["interpreter"], 2),
+                "work (arguments, discovery, plan, start work)": round(p50["hook"] - p50["imports"], 2),
+            },
         },
     }

@@ -400,7 +400,9 @@ def cdi_lines(result: dict[str, Any]) -> list[str]:
         f"The hook alone (`{' '.join(result['hook_command'][1:])}` as the spec runs it, its env only, the OCI state "
         f"on stdin, the whole start work): p50 {_f(h['hook']['p50'])} ms, p90 {_f(h['hook']['p90'])} ms "
         f"({h['hook']['n']} runs); the same start with /bin/true p50 {_f(h['/bin/true']['p50'])} ms: "
-        f"{_f(h['over_p50'])} ms of its own."
+        f"{_f(h['over_p50'])} ms of its own: "
+        + "; ".join(f"{part} {_f(ms)}" for part, ms in h["split_p50"].items())
+        + " (differences of p50s: the hook's interpreter running nothing, then importing what the hook imports)."
     )
     for engine, reason in result.get("skipped", {}).items():
         lines.append(f"{engine}: not measured ({reason}).")
