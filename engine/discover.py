@@ -46,7 +46,6 @@ from collections.abc import Callable, Iterable
 
 from engine import catalogue, fabric, migfs, procfs
 from engine.config import EngineConfig
-from engine.cudaversion import read_cuda_version
 from engine.errors import DiscoveryError
 from engine.ldcache import parse_ld_so_cache
 from engine.model import (
@@ -66,7 +65,6 @@ from engine.model import (
     MigLayout,
     NvmlSnapshot,
 )
-from engine.nvml import check_against_procfs, read_nvml
 from engine.root import Root
 
 logger = logging.getLogger(__name__)
@@ -114,13 +112,30 @@ def fingerprint(config: EngineConfig) -> tuple[str, tuple[str, ...], tuple[str, 
     return version, tuple(proc.listdir(_GPUS)), migs, fabric_paths + drm_links
 
 
+def _read_cuda_version(libcuda: str) -> tuple[str | None, str | None]:
+    """``engine.cudaversion.read_cuda_version``, imported on first use: the CDI hook
+    passes its own probes and would pay for their imports (subprocess, selectors)
+    at every container start."""
+    from engine.cudaversion import read_cuda_version
+
+    return read_cuda_version(libcuda)
+
+
+def _read_nvml(libnvml: str) -> tuple[NvmlSnapshot | None, str | None]:
+    """``engine.nvml.read_nvml``, imported on first use (as ``_read_cuda_version``)."""
+    from engine.nvml import read_nvml
+
+    return read_nvml(libnvml)
+
+
 def discover(
-    config: EngineConfig, *, cuda_version: CudaVersionReader = read_cuda_version, nvml: NvmlReader = read_nvml
+    config: EngineConfig, *, cuda_version: CudaVersionReader = _read_cuda_version, nvml: NvmlReader = _read_nvml
 ) -> Inventory:
     """Take the node's inventory. Raises nothing for missing pieces; see ``Inventory.warnings``.
 
     ``cuda_version`` and ``nvml`` take the host path of the 64-bit ``libcuda.so.1``
     and ``libnvidia-ml.so.1``; ``nvml`` is called only when procfs shows MIG instances.
+    The defaults are the real probes, a child interpreter each.
     """
     warnings: list[str] = []
     proc, dev, driver = Root(config.proc_root), Root(config.dev_root), Root(config.driver_root)
@@ -543,6 +558,8 @@ def _nvml(
     else:
         snapshot, error = reader(driver.host_path(libnvml.path))
         if snapshot is not None:
+            from engine.nvml import check_against_procfs  # see _read_cuda_version: not on the hook's path
+
             checked, found = check_against_procfs(snapshot, gpus, mig)
             warnings += found
             return dataclasses.replace(mig, nvml=checked, nvml_error=None)

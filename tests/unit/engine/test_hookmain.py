@@ -13,8 +13,10 @@ import pytest
 from tests.testbed.gpunode import SimNode, build_node
 
 # The NRI path's imports: ~40 ms a GPU container's start would wait for. Of plugin/,
-# only the console script's dispatcher (and its package) may be imported.
-HEAVY = ("asyncio", "google", "grpc", "tomlkit", "ssl", "engine.start.runner")
+# only the console script's dispatcher (and its package) may be imported. Nor the
+# CUDA and NVML probes the hook does not run (subprocess and selectors with them).
+HEAVY = ("asyncio", "google", "grpc", "tomlkit", "ssl", "engine.start.runner", "engine.cudaversion", "engine.nvml",
+         "subprocess")
 ALLOWED = ("plugin", "plugin.entry")
 
 # The console script's own code (pip's wrapper calls plugin.entry.main), then
