@@ -12,11 +12,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
+import tomllib
 from collections.abc import Mapping
 from typing import Any
-
-import tomlkit
-import tomlkit.exceptions
 
 from engine.config import EngineConfig, EngineConfigError, from_tables
 
@@ -182,10 +180,13 @@ class Settings:
 
 
 def from_toml(text: str, *, source: str = "config") -> Settings:
-    """Parse a config file; unknown tables and keys are rejected by name."""
+    """Parse a config file; unknown tables and keys are rejected by name.
+
+    Read with the standard library's parser: the plugin only reads its file
+    (tomlkit, which keeps comments, is for install's edits of the runtime's)."""
     try:
-        doc = tomlkit.parse(text).unwrap()
-    except tomlkit.exceptions.ParseError as exc:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{source}: not valid TOML: {exc}") from exc
     for key in doc:
         if key not in _TABLES:
