@@ -7,6 +7,14 @@ user: as the reason a container was refused, or a warning at discovery.
 from __future__ import annotations
 
 
+def quoted(text: str, limit: int = 120) -> str:
+    """``text`` quoted for a message: cut short when long (the value may be
+    megabytes), escaped when not printable (it must not forge a log line)."""
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f'"{text}"' if text.isprintable() else repr(text)
+
+
 class EngineError(Exception):
     """Root of everything the engine raises on purpose."""
 

@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from engine.config import Policy
-from engine.errors import RequestError
+from engine.errors import RequestError, quoted
 from engine.model import DeviceKind, DeviceNode, Fabric, Feature
 
 IMEX_CHANNELS = "NVIDIA_IMEX_CHANNELS"
@@ -93,11 +93,6 @@ class FabricPlan:
     notes: tuple[str, ...] = ()
 
 
-def _q(text: str, limit: int = 80) -> str:
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return f'"{text}"' if text.isprintable() else repr(text)
-
 
 def parse_channel(entry: str, what: str) -> int:
     """One channel number, 0 to ``MAX_IMEX_CHANNEL``; raises RequestError naming it.
@@ -108,7 +103,7 @@ def parse_channel(entry: str, what: str) -> int:
     text = entry.strip()
     if not _CHANNEL.fullmatch(text) or int(text) > MAX_IMEX_CHANNEL:
         raise RequestError(
-            f"{what}: IMEX channel {_q(text)} is not a channel number (0 to {MAX_IMEX_CHANNEL}, decimal)"
+            f"{what}: IMEX channel {quoted(text, 80)} is not a channel number (0 to {MAX_IMEX_CHANNEL}, decimal)"
         )
     return int(text)
 
@@ -140,7 +135,7 @@ def parse_fabric(
         return FabricRequest(features=features)
     source = f"env {IMEX_CHANNELS}"
     if len(value) > max_length:
-        raise RequestError(f"{source}: {len(value)} characters, longer than {max_length}: {_q(value, 40)}")
+        raise RequestError(f"{source}: {len(value)} characters, longer than {max_length}: {quoted(value, 40)}")
     if value.strip() == "all":
         notes.append(f"{source}=all ignored: name the channels (as the NVIDIA Container Toolkit, all is not served)")
         return FabricRequest(features=features)
@@ -151,7 +146,7 @@ def parse_fabric(
         return FabricRequest(features=features)
     if value.count(",") >= max_entries:
         raise RequestError(f"{source}: more than {max_entries} entries")
-    return FabricRequest(_channels(value.split(","), f"{source}={_q(value)}"), source, features)
+    return FabricRequest(_channels(value.split(","), f"{source}={quoted(value, 80)}"), source, features)
 
 
 def _feature_on(env: Mapping[str, str], feature: Feature, max_length: int, notes: list[str]) -> bool:
@@ -160,7 +155,7 @@ def _feature_on(env: Mapping[str, str], feature: Feature, max_length: int, notes
         return False
     if value == ENABLED:
         return True
-    shown = _q(value[:max_length], 40)
+    shown = quoted(value[:max_length], 40)
     notes.append(f"env {feature.env}={shown} ignored: only {ENABLED} turns it on (as in the NVIDIA Container Toolkit)")
     return False
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from engine.config import Policy
-from engine.errors import RequestError
+from engine.errors import RequestError, quoted
 from engine.fabric import IMEX_MARKER_PREFIX, FabricRequest, parse_fabric
 from engine.model import ALL_CAPABILITIES, DEFAULT_CAPABILITIES, Capability
 from engine.procfs import canonical_bus_id
@@ -188,17 +188,11 @@ _FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 _IMEX_HOW = f"NVIDIA_IMEX_CHANNELS or volume markers {VOLUME_MARKER_DIR}/{IMEX_MARKER_PREFIX}<id>"
 
 
-def _q(text: str, limit: int = 120) -> str:
-    """``text`` quoted for a message; cut short when long, escaped when not printable."""
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return f'"{text}"' if text.isprintable() else repr(text)
-
 
 def _bounded(value: str, what: str) -> str:
     """``value``, refused before any parsing when longer than ``MAX_VALUE_LENGTH``."""
     if len(value) > MAX_VALUE_LENGTH:
-        raise RequestError(f"{what}: {len(value)} characters, longer than {MAX_VALUE_LENGTH}: {_q(value, 40)}")
+        raise RequestError(f"{what}: {len(value)} characters, longer than {MAX_VALUE_LENGTH}: {quoted(value, 40)}")
     return value
 
 
@@ -246,7 +240,7 @@ def _parse_entry(entry: str, what: str) -> tuple[DeviceId, ...]:
     if m := _RANGE.fullmatch(entry):
         first, last = _index(m[1], entry, what), _index(m[2], entry, what)
         if first > last:
-            raise RequestError(f"{what}: range {_q(entry)} runs backwards (write {last}-{first})")
+            raise RequestError(f"{what}: range {quoted(entry)} runs backwards (write {last}-{first})")
         return tuple(ByIndex(i) for i in range(first, last + 1))
     if m := _UUID.fullmatch(entry):
         return (ByUuid("GPU-" + m[1].lower()),)
@@ -256,17 +250,17 @@ def _parse_entry(entry: str, what: str) -> tuple[DeviceId, ...]:
         gi, ci = _instance_id(m[2], MAX_GPU_INSTANCE), _instance_id(m[3], MAX_COMPUTE_INSTANCE)
         if gi is None or ci is None:
             raise RequestError(
-                f"{what}: MIG device {_q(entry)}: GPU instances are 0-{MAX_GPU_INSTANCE} and "
+                f"{what}: MIG device {quoted(entry)}: GPU instances are 0-{MAX_GPU_INSTANCE} and "
                 f"compute instances 0-{MAX_COMPUTE_INSTANCE}"
             )
         return (ByMigPlacement("GPU-" + m[1].lower(), gi, ci),)
     if m := _MIG_UUID.fullmatch(entry):
         return (ByMigUuid("MIG-" + m[1].lower()),)
     if entry.upper().startswith("MIG-"):
-        raise RequestError(f"{what}: malformed MIG device id {_q(entry)} (expected {_MIG_FORMS})")
+        raise RequestError(f"{what}: malformed MIG device id {quoted(entry)} (expected {_MIG_FORMS})")
     if entry.upper().startswith("GPU-"):
         raise RequestError(
-            f"{what}: malformed GPU UUID {_q(entry)} (expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
+            f"{what}: malformed GPU UUID {quoted(entry)} (expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
         )
     try:
         return (ByBusId(canonical_bus_id(entry)),)
@@ -278,7 +272,7 @@ def _parse_entry(entry: str, what: str) -> tuple[DeviceId, ...]:
 def _index(digits: str, entry: str, what: str) -> int:
     significant = digits.lstrip("0") or "0"
     if len(significant) > len(str(MAX_DEVICES)) or int(significant) >= MAX_DEVICES:
-        raise RequestError(f"{what}: GPU index in {_q(entry)} is out of range (at most {MAX_DEVICES - 1})")
+        raise RequestError(f"{what}: GPU index in {quoted(entry)} is out of range (at most {MAX_DEVICES - 1})")
     return int(significant)
 
 
@@ -293,12 +287,12 @@ def _unknown_entry(entry: str) -> str:
     if not entry:
         return f"empty entry (a stray comma?); expected {_FORMS}"
     if entry.lower() in _KEYWORDS:
-        return f"unknown device {_q(entry)}; did you mean {entry.lower()}?"
+        return f"unknown device {quoted(entry)}; did you mean {entry.lower()}?"
     if entry.startswith("cdi/") or "=" in entry:
-        return f"{_q(entry)}: CDI device names are not supported"
+        return f"{quoted(entry)}: CDI device names are not supported"
     if entry.startswith(IMEX_MARKER_PREFIX):
-        return f"{_q(entry)}: IMEX channels are asked for with {_IMEX_HOW}, not in a device list"
-    return f"unknown device {_q(entry)}; expected {_FORMS}"
+        return f"{quoted(entry)}: IMEX channels are asked for with {_IMEX_HOW}, not in a device list"
+    return f"unknown device {quoted(entry)}; expected {_FORMS}"
 
 
 def _marker_ids(mounts: Iterable[tuple[str, str]]) -> list[str]:
@@ -308,7 +302,7 @@ def _marker_ids(mounts: Iterable[tuple[str, str]]) -> list[str]:
         if src == "/dev/null" and dest.startswith(prefix):
             if len(ids) == MAX_LIST_ENTRIES:
                 raise RequestError(f"volume mounts under {prefix}: more than {MAX_LIST_ENTRIES} entries")
-            ids.append(_bounded(dest[len(prefix) :], f"volume mount {_q(dest, 80)}").strip("/"))
+            ids.append(_bounded(dest[len(prefix) :], f"volume mount {quoted(dest, 80)}").strip("/"))
     return ids
 
 
@@ -337,7 +331,7 @@ def parse_capabilities(
         return ALL_CAPABILITIES if legacy_image else DEFAULT_CAPABILITIES
     caps: set[Capability] = set()
     everything = False
-    for raw in _entries(_bounded(value, what.rstrip("= ")), f"{what}{_q(value)}"):
+    for raw in _entries(_bounded(value, what.rstrip("= ")), f"{what}{quoted(value)}"):
         name = raw.strip().lower()
         if name == "all":
             everything = True
@@ -345,7 +339,7 @@ def parse_capabilities(
             cap = _CAPABILITY_BY_NAME.get(name)
             if cap is None:
                 known = ", ".join(sorted(_CAPABILITY_BY_NAME))
-                raise RequestError(f"{what}{_q(value)}: unknown capability {_q(raw.strip())} (known: {known}, all)")
+                raise RequestError(f"{what}{quoted(value)}: unknown capability {quoted(raw.strip())} (known: {known}, all)")
             caps.add(cap)
     if everything:
         return ALL_CAPABILITIES
@@ -358,7 +352,7 @@ def _parse_bool(name: str, value: str) -> bool:
     if value in _FALSE:
         return False
     raise RequestError(
-        f"env {name}={_q(value)}: expected a boolean (1, t, true, TRUE, True, 0, f, false, FALSE, False)"
+        f"env {name}={quoted(value)}: expected a boolean (1, t, true, TRUE, True, 0, f, false, FALSE, False)"
     )
 
 
@@ -369,7 +363,7 @@ def _is_legacy(env: Mapping[str, str]) -> bool:
 def _legacy_requirement(cuda_version: str) -> str:
     m = _CUDA_VERSION.fullmatch(_bounded(cuda_version, "env CUDA_VERSION").strip())
     if m is None:
-        raise RequestError(f"env CUDA_VERSION={_q(cuda_version)}: expected a version like 12.4 or 12.4.1")
+        raise RequestError(f"env CUDA_VERSION={quoted(cuda_version)}: expected a version like 12.4 or 12.4.1")
     # Leading zeros dropped as text, not by int(): a CUDA_VERSION of over 4300 digits
     # made int() raise ValueError instead of a RequestError (found by tests/fuzz).
     major, minor = m[1].lstrip("0") or "0", m[2].lstrip("0") or "0"
@@ -400,7 +394,7 @@ def _requirements(
         # and no real image has one with lower case or punctuation.
         if not _REQUIRE_NAME.fullmatch(name) or len(name) > 120:
             raise RequestError(
-                f"env {_q(name)}: not a requirement variable name (A-Z, 0-9 and _ after NVIDIA_REQUIRE_)"
+                f"env {quoted(name)}: not a requirement variable name (A-Z, 0-9 and _ after NVIDIA_REQUIRE_)"
             )
         _bounded(value, f"env {name}")
     if legacy:
@@ -454,10 +448,10 @@ def parse_request(info: ContainerInfo, policy: Policy) -> RequestOutcome:
     for key in (CONTAINER_ANNOTATION_PREFIX + info.name, POD_ANNOTATION):
         value = annotations.get(key)
         if value is not None:
-            source = f"annotation {_q(key)}"
+            source = f"annotation {quoted(key)}"
             _check_namespace(info, policy.namespaces, "namespaces", source)
             _check_namespace(info, policy.annotation_namespaces, "annotation_namespaces", source)
-            what = f"{source}={_q(_bounded(value, source))}"
+            what = f"{source}={quoted(_bounded(value, source))}"
             channels = _split_markers(info.mounts)[1] if policy.accept_volume_mounts else ()
             return _outcome(info, policy, source, parse_device_list(value, what=what), channels)
 
@@ -469,7 +463,7 @@ def parse_request(info: ContainerInfo, policy: Policy) -> RequestOutcome:
         ids, imex = _split_markers(info.mounts)
         if ids:
             _check_namespace(info, policy.namespaces, "namespaces", "volume mounts")
-            what = f"volume mounts under {VOLUME_MARKER_DIR}/ ({', '.join(map(_q, ids[:8]))})"
+            what = f"volume mounts under {VOLUME_MARKER_DIR}/ ({', '.join(map(quoted, ids[:8]))})"
             return _outcome(info, policy, "volume mounts", _parse_entries(ids, what), imex)
         if names_markers:
             return RequestOutcome(
@@ -484,7 +478,7 @@ def parse_request(info: ContainerInfo, policy: Policy) -> RequestOutcome:
     if env_value is None:
         if not (policy.legacy_image_all_gpus and _is_legacy(env)):
             return _NOTHING
-        source = f"legacy CUDA image rule (CUDA_VERSION={_q(env['CUDA_VERSION'])}, no {VISIBLE_DEVICES})"
+        source = f"legacy CUDA image rule (CUDA_VERSION={quoted(env['CUDA_VERSION'])}, no {VISIBLE_DEVICES})"
         env_value = "all"
     else:
         source = f"env {VISIBLE_DEVICES}"
@@ -496,21 +490,21 @@ def parse_request(info: ContainerInfo, policy: Policy) -> RequestOutcome:
     if not info.privileged and not policy.accept_env_unprivileged:
         note = f"{source} ignored by policy: the container is not privileged and policy.accept_env_unprivileged is off"
         return RequestOutcome(None, (note,))
-    what = f"{source}={_q(_bounded(env_value, source))}"
+    what = f"{source}={quoted(_bounded(env_value, source))}"
     return _outcome(info, policy, source, parse_device_list(env_value, what=what), imex)
 
 
 def _not_allowed(info: ContainerInfo, allowed: tuple[str, ...], key: str) -> str:
     listed = ", ".join(allowed[:16]) + (f" and {len(allowed) - 16} more" if len(allowed) > 16 else "")
     what = "have GPUs" if key == "namespaces" else "use the GPU annotations"
-    return f"namespace {_q(info.pod_namespace)} may not {what} (policy.{key}: {listed or 'none'})"
+    return f"namespace {quoted(info.pod_namespace)} may not {what} (policy.{key}: {listed or 'none'})"
 
 
 def _check_namespace(info: ContainerInfo, allowed: tuple[str, ...] | None, key: str, source: str) -> None:
     """Refuse a deliberate request (annotation, volume markers) from a namespace ``policy.<key>`` leaves out."""
     if allowed is not None and info.pod_namespace not in allowed:
         raise RequestError(
-            f"{source} on pod {_q(f'{info.pod_namespace}/{info.pod_name}')}: {_not_allowed(info, allowed, key)}"
+            f"{source} on pod {quoted(f'{info.pod_namespace}/{info.pod_name}')}: {_not_allowed(info, allowed, key)}"
         )
 
 
@@ -523,12 +517,12 @@ def _mig_grant(info: ContainerInfo, name: str, allowed: tuple[str, ...] | None, 
     if value is None or not value.strip():
         return False
     if value.strip() != "all":
-        raise RequestError(f"env {name}={_q(value)}: only all is supported (as in the NVIDIA Container Toolkit)")
+        raise RequestError(f"env {name}={quoted(value)}: only all is supported (as in the NVIDIA Container Toolkit)")
     if allowed is not None and info.pod_namespace not in allowed:
         listed = ", ".join(allowed[:16]) or "none"
         raise RequestError(
-            f"env {name}=all on pod {_q(f'{info.pod_namespace}/{info.pod_name}')}: namespace "
-            f"{_q(info.pod_namespace)} may not have this MIG capability (policy.{key}: {listed})"
+            f"env {name}=all on pod {quoted(f'{info.pod_namespace}/{info.pod_name}')}: namespace "
+            f"{quoted(info.pod_namespace)} may not have this MIG capability (policy.{key}: {listed})"
         )
     return True
 

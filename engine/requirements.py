@@ -34,7 +34,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.errors import RequirementError
+from engine.errors import RequirementError, quoted
 from engine.model import Gpu
 
 
@@ -106,11 +106,6 @@ _HOLDS = {
 }
 
 
-def _q(text: str, limit: int = 120) -> str:
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return f'"{text}"' if text.isprintable() else repr(text)
-
 
 def parse_expression(expr: str, *, what: str = "", conditions: int = MAX_CONDITIONS) -> Expression:
     """Parse one variable's value; RequirementError ("invalid expression") names the bad part.
@@ -124,7 +119,7 @@ def parse_expression(expr: str, *, what: str = "", conditions: int = MAX_CONDITI
     # Sizes first, counted without splitting: nothing is built for a bomb.
     if len(expr) > MAX_EXPRESSION_LENGTH:
         raise RequirementError(
-            f"{prefix}invalid expression: {len(expr)} characters, longer than {MAX_EXPRESSION_LENGTH}: {_q(expr, 40)}"
+            f"{prefix}invalid expression: {len(expr)} characters, longer than {MAX_EXPRESSION_LENGTH}: {quoted(expr, 40)}"
         )
     words = expr.split()
     if len(words) > MAX_ALTERNATIVES:
@@ -138,13 +133,13 @@ def parse_expression(expr: str, *, what: str = "", conditions: int = MAX_CONDITI
         tuple(_parse_condition(text, prefix) for text in alternative.split(",")) for alternative in words
     )
     if not alternatives:
-        raise RequirementError(f"{prefix}invalid expression {_q(expr)}: it is empty")
+        raise RequirementError(f"{prefix}invalid expression {quoted(expr)}: it is empty")
     return Expression(alternatives)
 
 
 def _parse_condition(text: str, prefix: str) -> Condition:
     def invalid(why: str) -> RequirementError:
-        return RequirementError(f"{prefix}invalid expression: {_q(text)}: {why}")
+        return RequirementError(f"{prefix}invalid expression: {quoted(text)}: {why}")
 
     if not text:
         raise invalid("empty condition (a stray comma?)")
@@ -156,16 +151,16 @@ def _parse_condition(text: str, prefix: str) -> Condition:
     name, symbol, value = m[1], m[2], m[3]
     key = _KEYS.get(name)
     if key is None:
-        raise invalid(f"unknown key {_q(name)} (known: arch, brand, cuda, driver)")
+        raise invalid(f"unknown key {quoted(name)} (known: arch, brand, cuda, driver)")
     op = Op(symbol)
     if key is Key.BRAND:
         if op not in (Op.EQ, Op.NE):
             raise invalid("brand allows only = and !=")
         if not _BRAND.fullmatch(value):
-            raise invalid(f"bad brand {_q(value)}")
+            raise invalid(f"bad brand {quoted(value)}")
         return Condition(key, op, value.lower())
     if not _VERSION.fullmatch(value):
-        raise invalid(f"bad version {_q(value)} (only digits and dots)")
+        raise invalid(f"bad version {quoted(value)} (only digits and dots)")
     return Condition(key, op, value)
 
 
@@ -227,7 +222,7 @@ def _first_failure(
 
 def _describe(facts: NodeFacts, gpu: Gpu | None) -> str:
     def shown(value: str | None) -> str:  # what the driver reports, kept to one short line
-        return _q(value, 60).strip('"') if value else "unknown"
+        return quoted(value, 60).strip('"') if value else "unknown"
 
     node = f"cuda {shown(facts.cuda)}, driver {shown(facts.driver)}"
     if gpu is not None:  # only when a GPU's arch or brand failed
@@ -271,7 +266,7 @@ def check(requirements: Sequence[tuple[str, str]], facts: NodeFacts, gpus: Seque
     expressions: list[tuple[str, Expression]] = []
     budget = MAX_CONDITIONS
     for name, text in requirements:
-        label = _q(name, 60).strip('"')  # the request layer admits only [A-Z0-9_] names; this is a backstop
+        label = quoted(name, 60).strip('"')  # the request layer admits only [A-Z0-9_] names; this is a backstop
         expression = parse_expression(text, what=label, conditions=budget)
         budget -= sum(map(len, expression.alternatives))
         expressions.append((label, expression))
