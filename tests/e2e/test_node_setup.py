@@ -103,9 +103,11 @@ def test_signal_mode_turns_nri_on_and_the_plugin_registers_and_a_second_run_chan
     sandbox = run_sandbox(testbed, Manifest.load())
 
     manager = supervise(node_runtime)
+    started = time.monotonic()
     code, log = wait_exit(testbed, run_init(sandbox, node_runtime, "signal"))
+    took = time.monotonic() - started
     manager.join(60)
-    print(f"init step, first run:\n{log}")
+    print(f"init step, first run, {took:.1f}s from the container's creation to its exit:\n{log}")
     assert code == 0, log
     after = node_runtime.containerd.pid
     assert after is not None and after != before
@@ -126,7 +128,9 @@ def test_signal_mode_turns_nri_on_and_the_plugin_registers_and_a_second_run_chan
 
     # The pod again (a node reboot, a DaemonSet update): nothing to change, no restart.
     written = config.read_bytes()
+    started = time.monotonic()
     code, log = wait_exit(testbed, run_init(sandbox, node_runtime, "signal", attempt=1))
+    print(f"init step, second run: {time.monotonic() - started:.1f}s")
     assert code == 0, log
     assert "already set up" in log and f"NRI is served (pid {after}); no restart" in log and "SIGHUP" not in log, log
     assert config.read_bytes() == written and node_runtime.containerd.pid == after
