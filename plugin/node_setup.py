@@ -297,7 +297,9 @@ def _wait_for_nri(root: NodeRoot, options: Options, old: int | None) -> None:
     while True:
         try:
             pid, _ = _peer(root, options.nri_socket)
-            if pid != old:
+            # Pid 0: the daemon is outside this PID namespace (no hostPID), old and new
+            # cannot be told apart; whoever answers is taken.
+            if pid != old or pid == 0:
                 print(f"{options.nri_socket}: NRI is served (pid {pid})")
                 return
             last = f"still served by pid {pid}, the runtime from before the restart"
