@@ -2,8 +2,8 @@
 
 What a DaemonSet runs: Debian bookworm's Python 3.11 run time from its .debs, glibc
 (with the static ``/sbin/ldconfig`` the plugin runs for GPU containers, engine.ldconfig's
-default), busybox for a shell, the pure-Python wheels of ``protobuf`` and ``tomlkit``
-and the project's ``plugin`` and ``engine`` packages under ``/opt/nri-gpu``. The
+default), busybox for a shell, the pure-Python wheels of ``protobuf``, ``prometheus_client``
+and ``tomlkit`` and the project's ``plugin`` and ``engine`` packages under ``/opt/nri-gpu``. The
 entrypoint is ``python3.11 -m plugin run``.
 
 Python's .debs are taken whole except for what a daemon never imports (the test
@@ -52,7 +52,7 @@ INSTALL_DIR = "/opt/nri-gpu"
 SITE_PACKAGES = "usr/lib/python3/dist-packages"  # on Debian's sys.path by site.py
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 PACKAGES = ("plugin", "engine")
-WHEELS = ("protobuf", "tomlkit")
+WHEELS = ("protobuf", "prometheus_client", "tomlkit")  # pyproject.toml's dependencies, in its order
 WHEEL_PINS = ROOT / "deploy" / "image-requirements.txt"
 
 _SUITE = "bookworm"
