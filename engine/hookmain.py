@@ -1,11 +1,12 @@
 """``nri-gpu hook start-container``: the CDI hook's own command line, light to import.
 
 The runtime runs the hook at every GPU container's start and waits for it, so
-the hook's process imports only what the start work needs: argparse, the
-engine's discovery, planning and start actions. Not the rest of the command
-line (``plugin.__main__``: asyncio, protobuf, the NRI stub, tomlkit), which
+the hook's process imports only what the start work needs: the engine's
+discovery, planning and start actions, and argparse, whose parser is built only
+for a command line that is not the spec's (``spec_form``). Not the rest of the
+command line (``plugin.__main__``: asyncio, protobuf, the NRI stub, tomlkit), which
 would cost a GPU container ~100 ms of imports for a few ms of work
-(``docs/performance.md``, "The CDI hook's start"). ``plugin.entry`` sends
+(``docs/performance.md``, "The CDI path"). ``plugin.entry`` sends
 ``nri-gpu hook ...`` here before it imports anything else; ``nri-gpu cdi``'s
 parser shares ``add_arguments`` and ``run``.
 
@@ -31,7 +32,7 @@ from engine.errors import EngineError
 from engine.model import NvmlSnapshot
 from engine.request import parse_capabilities
 
-__all__ = ["ACTIONS", "add_arguments", "main", "run"]
+__all__ = ["ACTIONS", "add_arguments", "main", "run", "spec_form"]
 
 ACTIONS = ("start-container",)
 
@@ -65,10 +66,57 @@ def _seconds(value: str) -> float:
 
 def main(argv: Sequence[str] | None = None, *, prog: str = "nri-gpu hook") -> int:
     """``nri-gpu hook ARGS``: ``argv`` is ARGS (default ``sys.argv[2:]``)."""
-    parser = argparse.ArgumentParser(prog=prog, description="OCI hooks run by the runtime (written into the CDI spec)")
-    add_arguments(parser)
-    args = parser.parse_args(sys.argv[2:] if argv is None else argv)
+    words = list(sys.argv[2:] if argv is None else argv)
+    args = spec_form(words)
+    if args is None:  # help, a mistake, any other spelling: argparse's answer and exit status
+        parser = argparse.ArgumentParser(prog=prog, description="OCI hooks run by the runtime (written into the CDI spec)")
+        add_arguments(parser)
+        args = parser.parse_args(words)
     return run(args, sys.stdin)
+
+
+# The spec's flags (``engine.cdi.hook_command``) -> their attribute, as add_arguments names them.
+_SPEC_FLAGS = {
+    "--capabilities": "capabilities",
+    "--ldconfig": "ldconfig",
+    "--ld-cache": "ld_cache",
+    "--driver-root": "driver_root",
+    "--dev-root": "dev_root",
+    "--proc-root": "proc_root",
+    "--time-limit": "time_limit",
+}
+
+
+def spec_form(words: Sequence[str]) -> argparse.Namespace | None:
+    """The arguments as argparse would parse them, when ``words`` are spelled as the
+    spec writes them (``start-container``, then each flag once, whole, with a value
+    not starting with ``-``); None for anything else, which argparse then parses.
+
+    Building the parser costs the hook ~3 ms at every container start (its help
+    formatter imports shutil, bz2 and lzma for the terminal's width), for a
+    command line that is always the spec's.
+
+    >>> spec_form(["start-container", "--capabilities", "compute"]).capabilities
+    'compute'
+    >>> spec_form(["start-container", "--capabilities=compute"]) is None
+    True
+    """
+    if not words or words[0] != ACTIONS[0] or len(words) % 2 == 0:
+        return None
+    values: dict[str, str] = {}
+    for flag, value in zip(words[1::2], words[2::2], strict=True):
+        name = _SPEC_FLAGS.get(flag)
+        if name is None or name in values or value.startswith("-"):
+            return None
+        values[name] = value
+    if "capabilities" not in values or values.get("ld_cache", LD_CACHE_MODES[0]) not in LD_CACHE_MODES:
+        return None
+    try:
+        limit = _seconds(values.pop("time_limit")) if "time_limit" in values else HOOK_TIME_LIMIT
+    except argparse.ArgumentTypeError:
+        return None
+    found = dict.fromkeys(("ldconfig", "ld_cache", "driver_root", "dev_root", "proc_root")) | values
+    return argparse.Namespace(action=ACTIONS[0], **found, time_limit=limit)
 
 
 def run(args: argparse.Namespace, stdin: TextIO) -> int:
