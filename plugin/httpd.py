@@ -33,7 +33,8 @@ fails its liveness probe instead of hiding behind one that times out.
 
 ``GET /healthz``: 200 with ``{"status": "ok", "registered": true, ...}`` while
 the stub is registered with the runtime, else 503 with the reason.
-``GET /metrics``: the Prometheus text exposition format 0.0.4. Other paths 404,
+``GET /metrics``: the Prometheus text exposition format 0.0.4, written by
+``prometheus_client`` (``plugin.metrics``). Other paths 404,
 other methods 405.
 
 (The module is not called ``http`` so it never shadows the standard library's.)
@@ -53,7 +54,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
-from plugin.metrics import PluginMetrics
+from plugin.metrics import CONTENT_TYPE, PluginMetrics
 from plugin.stub import Stub
 
 logger = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ MAX_CLIENTS = 256
 # answer and read to its end, discarding at most this much (and for at most
 # WRITE_TIMEOUT), as web servers do ("lingering close").
 LINGER_BYTES = 64 * 1024
-METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+METRICS_CONTENT_TYPE = CONTENT_TYPE  # prometheus_client's name for the text format 0.0.4
 JSON_CONTENT_TYPE = "application/json"
 
 _END_OF_HEADERS = re.compile(rb"\r?\n\r?\n")

@@ -1,234 +1,57 @@
-"""A tiny Prometheus registry and nri-gpu's own metrics.  (pure)
+"""nri-gpu's metrics, kept and written by ``prometheus_client``.
 
-Only what the plugin needs: counters and gauges with labels, histograms with
-fixed buckets, and the text exposition format 0.0.4 that ``/metrics`` serves::
+``/metrics`` serves the text exposition format 0.0.4 from ``render()``::
 
     # HELP nri_gpu_events_total NRI requests dispatched by the stub, by event.
     # TYPE nri_gpu_events_total counter
-    nri_gpu_events_total{event="CreateContainer"} 3
+    nri_gpu_events_total{event="CreateContainer"} 3.0
     # HELP nri_gpu_step_duration_seconds ...
     # TYPE nri_gpu_step_duration_seconds histogram
-    nri_gpu_step_duration_seconds_bucket{step="plan",le="0.0005"} 1
+    nri_gpu_step_duration_seconds_bucket{le="0.0005",step="plan"} 1.0
     ...
-    nri_gpu_step_duration_seconds_bucket{step="plan",le="+Inf"} 3
+    nri_gpu_step_duration_seconds_bucket{le="+Inf",step="plan"} 3.0
+    nri_gpu_step_duration_seconds_count{step="plan"} 3.0
     nri_gpu_step_duration_seconds_sum{step="plan"} 0.0042
-    nri_gpu_step_duration_seconds_count{step="plan"} 3
+    # HELP process_resident_memory_bytes Resident memory size in bytes.
+    ...
 
-Everything runs on the event loop's thread, so there is no locking. A gauge may
-be given a function instead of a value; it is read at render time and must be
-cheap (the stub's ``registered`` flag, not a discovery).
+Each ``PluginMetrics`` has a registry of its own, never the library's global
+one: tests make many, and a second set of the same names in one registry is
+refused. The library's ``ProcessCollector`` on that registry adds the
+``process_*`` metrics (resident and virtual memory, open and max fds, CPU
+seconds, start time), read from ``/proc/self`` at scrape time.
+
+The updates run on the event loop's thread; the library's own locks cost well
+under a microsecond there. A gauge may be given a function instead of a value;
+it is read at scrape time and must be cheap (the stub's ``registered`` flag,
+not a discovery).
 """
 
 from __future__ import annotations
 
-import math
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
+
+from prometheus_client import (
+    CONTENT_TYPE_PLAIN_0_0_4,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+# What ``render()`` writes. The library's CONTENT_TYPE_LATEST says version=1.0.0,
+# which only differs from 0.0.4 for names outside [a-zA-Z0-9_:] (ours are not);
+# its own HTTP handler answers 0.0.4 unless the scraper asks for 1.0.0, and 0.0.4
+# is what every Prometheus version reads without a scrape_protocols setting.
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 # ms-scale work: a CreateContainer plan is well under a millisecond, the start
 # work a few to a few hundred; the runtime gives up on us after 2 s.
 DEFAULT_BUCKETS: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-
-_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-
-LabelValues = tuple[str, ...]
-
-
-def format_value(value: float) -> str:
-    """A sample value as Prometheus writes it: ``+Inf``, ``NaN``, ``3``, ``0.25``."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if float(value).is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    return repr(float(value))
-
-
-def escape_label_value(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def _labels_text(names: Sequence[str], values: Sequence[str], extra: str = "") -> str:
-    parts = [f'{n}="{escape_label_value(v)}"' for n, v in zip(names, values, strict=True)]
-    if extra:
-        parts.append(extra)
-    return "{" + ",".join(parts) + "}" if parts else ""
-
-
-class _Metric:
-    kind = ""
-
-    def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:
-        if not _NAME_RE.fullmatch(name):
-            raise ValueError(f"bad metric name {name!r}")
-        for label in labelnames:
-            if not _LABEL_RE.fullmatch(label) or label.startswith("__") or label == "le":
-                raise ValueError(f"bad label name {label!r} for {name}")
-        self.name = name
-        self.help = help
-        self.labelnames = tuple(labelnames)
-
-    def _key(self, labels: Mapping[str, str]) -> LabelValues:
-        if set(labels) != set(self.labelnames):
-            raise ValueError(f"{self.name} takes labels {self.labelnames}, got {sorted(labels)}")
-        return tuple(str(labels[n]) for n in self.labelnames)
-
-    def header(self) -> list[str]:
-        return [f"# HELP {self.name} {escape_help(self.help)}", f"# TYPE {self.name} {self.kind}"]
-
-    def samples(self) -> list[str]:
-        raise NotImplementedError
-
-    def render(self) -> list[str]:
-        return self.header() + self.samples()
-
-
-class Counter(_Metric):
-    """Only goes up. Without labels the series exists (at 0) from the start."""
-
-    kind = "counter"
-
-    def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:
-        super().__init__(name, help, labelnames)
-        self._values: dict[LabelValues, float] = {} if labelnames else {(): 0.0}
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        if amount < 0:
-            raise ValueError(f"{self.name}: a counter cannot decrease ({amount})")
-        key = self._key(labels)
-        self._values[key] = self._values.get(key, 0.0) + amount
-
-    def value(self, **labels: str) -> float:
-        return self._values.get(self._key(labels), 0.0)
-
-    def samples(self) -> list[str]:
-        return [
-            f"{self.name}{_labels_text(self.labelnames, key)} {format_value(v)}"
-            for key, v in sorted(self._values.items())
-        ]
-
-
-class Gauge(_Metric):
-    """Goes up and down; or reads ``function()`` at render time (unlabelled only)."""
-
-    kind = "gauge"
-
-    def __init__(self, name: str, help: str, labelnames: Sequence[str] = ()) -> None:
-        super().__init__(name, help, labelnames)
-        self._values: dict[LabelValues, float] = {} if labelnames else {(): 0.0}
-        self._function: Callable[[], float] | None = None
-
-    def set(self, value: float, **labels: str) -> None:
-        self._values[self._key(labels)] = float(value)
-
-    def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = self._key(labels)
-        self._values[key] = self._values.get(key, 0.0) + amount
-
-    def set_function(self, function: Callable[[], float]) -> None:
-        if self.labelnames:
-            raise ValueError(f"{self.name}: a function gauge takes no labels")
-        self._function = function
-
-    def value(self, **labels: str) -> float:
-        if self._function is not None:
-            return float(self._function())
-        return self._values.get(self._key(labels), 0.0)
-
-    def samples(self) -> list[str]:
-        if self._function is not None:
-            return [f"{self.name} {format_value(self.value())}"]
-        return [
-            f"{self.name}{_labels_text(self.labelnames, key)} {format_value(v)}"
-            for key, v in sorted(self._values.items())
-        ]
-
-
-class Histogram(_Metric):
-    """Cumulative buckets (upper bounds, ``+Inf`` implied), a sum and a count per label set."""
-
-    kind = "histogram"
-
-    def __init__(
-        self, name: str, help: str, labelnames: Sequence[str] = (), buckets: Iterable[float] = DEFAULT_BUCKETS
-    ) -> None:
-        super().__init__(name, help, labelnames)
-        bounds = [float(b) for b in buckets if not math.isinf(b)]
-        if not bounds or bounds != sorted(set(bounds)):
-            raise ValueError(f"{name}: buckets must be increasing and unique, got {list(buckets)}")
-        self.buckets = (*bounds, math.inf)
-        # Per label set: [count per bucket (not cumulative)..., sum]
-        self._series: dict[LabelValues, tuple[list[int], list[float]]] = {} if labelnames else {(): self._new()}
-
-    def _new(self) -> tuple[list[int], list[float]]:
-        return [0] * len(self.buckets), [0.0]
-
-    def observe(self, value: float, **labels: str) -> None:
-        counts, total = self._series.setdefault(self._key(labels), self._new())
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                counts[i] += 1
-                break
-        total[0] += value
-
-    def count(self, **labels: str) -> int:
-        series = self._series.get(self._key(labels))
-        return sum(series[0]) if series else 0
-
-    def samples(self) -> list[str]:
-        lines = []
-        for key, (counts, total) in sorted(self._series.items()):
-            cumulative = 0
-            for bound, n in zip(self.buckets, counts, strict=True):
-                cumulative += n
-                le = f'le="{format_value(bound)}"'
-                lines.append(f"{self.name}_bucket{_labels_text(self.labelnames, key, le)} {cumulative}")
-            labels = _labels_text(self.labelnames, key)
-            lines.append(f"{self.name}_sum{labels} {format_value(total[0])}")
-            lines.append(f"{self.name}_count{labels} {cumulative}")
-        return lines
-
-
-class Registry:
-    """Metrics in registration order; ``render()`` is the whole ``/metrics`` body."""
-
-    def __init__(self) -> None:
-        self._metrics: dict[str, _Metric] = {}
-
-    def register(self, metric: _Metric) -> None:
-        if metric.name in self._metrics:
-            raise ValueError(f"metric {metric.name} registered twice")
-        self._metrics[metric.name] = metric
-
-    def counter(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Counter:
-        metric = Counter(name, help, labelnames)
-        self.register(metric)
-        return metric
-
-    def gauge(self, name: str, help: str, labelnames: Sequence[str] = ()) -> Gauge:
-        metric = Gauge(name, help, labelnames)
-        self.register(metric)
-        return metric
-
-    def histogram(
-        self, name: str, help: str, labelnames: Sequence[str] = (), buckets: Iterable[float] = DEFAULT_BUCKETS
-    ) -> Histogram:
-        metric = Histogram(name, help, labelnames, buckets)
-        self.register(metric)
-        return metric
-
-    def render(self) -> str:
-        lines: list[str] = []
-        for metric in self._metrics.values():
-            lines.extend(metric.render())
-        return "\n".join(lines) + "\n" if lines else ""
-
 
 # Values of the ``kind`` label of nri_gpu_errors_total.
 ERROR_REFUSED = "refused"  # a handler raised PluginError: the request was answered with a reason
@@ -241,50 +64,91 @@ STEP_PLAN = "plan"
 STEP_START = "start"
 
 
-class PluginMetrics:
-    """nri-gpu's metrics, one registry per process (or per test)."""
+class _WithoutCreated(Collector):
+    """The registry's metrics less their ``<name>_created`` samples.
 
-    def __init__(self, registry: Registry | None = None) -> None:
-        self.registry = registry if registry is not None else Registry()
+    The library adds one per counter and histogram series (the time it was made),
+    which the 0.0.4 text format can only write as an extra gauge: a second series
+    per labelled one, read by nothing. ``disable_created_metrics()`` would drop them
+    for every registry in the process; this drops them for ours only."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        for metric in self._registry.collect():
+            created = metric.name + "_created"
+            # Each collect() builds new Metric objects, so trimming them is ours to do.
+            metric.samples = [s for s in metric.samples if s.name != created]
+            yield metric
+
+
+class PluginMetrics:
+    """nri-gpu's metrics, on a registry of their own (one per process, or per test)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
         r = self.registry
-        self.events = r.counter("nri_gpu_events_total", "NRI requests dispatched by the stub, by event.", ["event"])
-        self.errors = r.counter(
+        self.events = Counter(
+            "nri_gpu_events_total", "NRI requests dispatched by the stub, by event.", ["event"], registry=r
+        )
+        self.errors = Counter(
             "nri_gpu_errors_total",
             "Failed NRI requests: refused (a reason was given), internal (a bug), start_failed (namespace work).",
             ["kind"],
+            registry=r,
         )
-        self.steps = r.histogram(
+        self.steps = Histogram(
             "nri_gpu_step_duration_seconds",
             "Time spent per step: plan (CreateContainer) and plan/<part>, start (StartContainer) and start/<part>.",
             ["step"],
+            buckets=DEFAULT_BUCKETS,
+            registry=r,
         )
-        self.gpus_allocated = r.counter(
-            "nri_gpu_gpus_allocated_total", "GPUs and MIG devices given to containers at CreateContainer (one per device per container)."
+        self.gpus_allocated = Counter(
+            "nri_gpu_gpus_allocated_total",
+            "GPUs and MIG devices given to containers at CreateContainer (one per device per container).",
+            registry=r,
         )
-        self.registered = r.gauge("nri_gpu_registered", "1 while registered with the runtime, else 0.")
-        self.registrations = r.counter(
-            "nri_gpu_registrations_total", "Completed registrations with the runtime (more than one: reconnects)."
+        self.registered = Gauge("nri_gpu_registered", "1 while registered with the runtime, else 0.", registry=r)
+        self.registrations = Counter(
+            "nri_gpu_registrations_total",
+            "Completed registrations with the runtime (more than one: reconnects).",
+            registry=r,
         )
-        self.inventory_gpus = r.gauge("nri_gpu_inventory_gpus", "GPUs in the node inventory at the last look.")
+        self.inventory_gpus = Gauge(
+            "nri_gpu_inventory_gpus", "GPUs in the node inventory at the last look.", registry=r
+        )
+        # The library writes a counter as <name>_total whether or not we name it so;
+        # we do, so that a grep for the scraped name finds it here.
+        ProcessCollector(registry=r)
+        self._exposed = _WithoutCreated(r)
 
     def event(self, event: str) -> None:
-        self.events.inc(event=event)
+        self.events.labels(event).inc()
 
     def error(self, kind: str) -> None:
-        self.errors.inc(kind=kind)
+        self.errors.labels(kind).inc()
 
     def step(self, step: str, seconds: float) -> None:
-        self.steps.observe(seconds, step=step)
+        self.steps.labels(step).observe(seconds)
 
     def plan_timings(self, timings_ms: Mapping[str, float]) -> None:
         """CreateContainer's parts: ``request``, ``plan``, ``adjustment``."""
         for name, ms in timings_ms.items():
-            self.steps.observe(ms / 1000, step=f"{STEP_PLAN}/{name}")
+            self.steps.labels(f"{STEP_PLAN}/{name}").observe(ms / 1000)
 
     def start_timings(self, timings_ms: Mapping[str, float]) -> None:
         """The start engine's ``StartReport.timings_ms``."""
         for name, ms in timings_ms.items():
-            self.steps.observe(ms / 1000, step=f"{STEP_START}/{name}")
+            self.steps.labels(f"{STEP_START}/{name}").observe(ms / 1000)
+
+    def value(self, sample: str, **labels: str) -> float:
+        """A sample's value as a scrape would read it (``nri_gpu_errors_total``,
+        ``nri_gpu_step_duration_seconds_count`` ...); 0 for a series not yet made."""
+        found = self.registry.get_sample_value(sample, labels)
+        return 0.0 if found is None else found
 
     def render(self) -> str:
-        return self.registry.render()
+        """The whole ``/metrics`` body, in the format CONTENT_TYPE names."""
+        return generate_latest(self._exposed).decode()

@@ -72,7 +72,7 @@ def test_healthz_is_503_before_registration_and_200_after() -> None:
             doc = json.loads(body)
             assert doc["status"] == "unavailable" and doc["registered"] is False
             assert "not registered" in doc["reason"]
-            assert "nri_gpu_registered 0\n" in (await get(server.port, "/metrics"))[2].decode()
+            assert "nri_gpu_registered 0.0\n" in (await get(server.port, "/metrics"))[2].decode()
 
             task = asyncio.ensure_future(stub.run())
             await runtime.wait_ready()
@@ -87,15 +87,16 @@ def test_healthz_is_503_before_registration_and_200_after() -> None:
             status, headers, body = await get(server.port, "/metrics?x=1")
             assert status == 200 and headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
             text = body.decode()
-            assert 'nri_gpu_events_total{event="CreateContainer"} 1\n' in text
-            assert 'nri_gpu_events_total{event="Configure"} 1\n' in text
-            assert "nri_gpu_registered 1\n" in text and "nri_gpu_registrations_total 1\n" in text
+            assert 'nri_gpu_events_total{event="CreateContainer"} 1.0\n' in text
+            assert 'nri_gpu_events_total{event="Configure"} 1.0\n' in text
+            assert "nri_gpu_registered 1.0\n" in text and "nri_gpu_registrations_total 1.0\n" in text
+            assert "\nprocess_resident_memory_bytes " in text and "\nprocess_open_fds " in text
 
             with pytest.raises(Exception, match="no such GPU"):
                 await runtime.create_container(pod(), container("refused"))
             text = (await get(server.port, "/metrics"))[2].decode()
-            assert 'nri_gpu_events_total{event="CreateContainer"} 2\n' in text
-            assert 'nri_gpu_errors_total{kind="refused"} 1\n' in text
+            assert 'nri_gpu_events_total{event="CreateContainer"} 2.0\n' in text
+            assert 'nri_gpu_errors_total{kind="refused"} 1.0\n' in text
             stub.stop()
             await asyncio.wait_for(task, 5)
         finally:

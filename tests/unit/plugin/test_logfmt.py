@@ -101,6 +101,11 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
     return build_node(tmp_path_factory.mktemp("node"), gpus=2)
 
 
+def steps(metrics: PluginMetrics, step: str) -> float:
+    """How many times ``step`` was timed, as /metrics says."""
+    return metrics.value("nri_gpu_step_duration_seconds_count", step=step)
+
+
 def test_decisions_are_structured_and_measured(node: SimNode, caplog: pytest.LogCaptureFixture) -> None:
     metrics = PluginMetrics()
 
@@ -136,14 +141,14 @@ def test_decisions_are_structured_and_measured(node: SimNode, caplog: pytest.Log
     assert refused["pod"] == "bad" and refused["duration_ms"] >= 0
 
     text = metrics.render()
-    assert "nri_gpu_gpus_allocated_total 1\n" in text
-    assert "nri_gpu_inventory_gpus 2\n" in text
-    assert 'nri_gpu_errors_total{kind="refused"} 1\n' in text
-    assert 'nri_gpu_events_total{event="StartContainer"} 1\n' in text
-    assert metrics.steps.count(step="plan") == 2
-    assert metrics.steps.count(step="start") == 1
-    assert metrics.steps.count(step="start/procfs isolation") == 1
-    assert metrics.steps.count(step="plan/request") == metrics.steps.count(step="plan/adjustment") == 1
+    assert "nri_gpu_gpus_allocated_total 1.0\n" in text
+    assert "nri_gpu_inventory_gpus 2.0\n" in text
+    assert 'nri_gpu_errors_total{kind="refused"} 1.0\n' in text
+    assert 'nri_gpu_events_total{event="StartContainer"} 1.0\n' in text
+    assert steps(metrics, "plan") == 2
+    assert steps(metrics, "start") == 1
+    assert steps(metrics, "start/procfs isolation") == 1
+    assert steps(metrics, "plan/request") == steps(metrics, "plan/adjustment") == 1
 
 
 def test_a_failed_start_counts_as_start_failed(node: SimNode) -> None:
@@ -162,9 +167,9 @@ def test_a_failed_start_counts_as_start_failed(node: SimNode) -> None:
             await rt.state_change(Event.START_CONTAINER, p, c)
 
     asyncio.run(connected(gpu_plugin(node, starter, metrics), body, metrics=metrics))
-    assert metrics.errors.value(kind="start_failed") == 1
-    assert metrics.errors.value(kind="refused") == 0
-    assert metrics.steps.count(step="start") == 1
+    assert metrics.value("nri_gpu_errors_total", kind="start_failed") == 1
+    assert metrics.value("nri_gpu_errors_total", kind="refused") == 0
+    assert steps(metrics, "start") == 1
 
 
 def test_json_line_has_no_raw_line_separator_of_any_kind() -> None:

@@ -1,150 +1,206 @@
-"""The Prometheus registry: exposition format 0.0.4, byte for byte."""
+"""nri-gpu's metrics as a scraper reads them: ``render()`` parsed by
+prometheus_client's own parser of the text format 0.0.4, never matched as strings."""
 
 from __future__ import annotations
 
 import math
+import os
+import sys
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
-from plugin.metrics import (
-    Counter,
-    Gauge,
-    Histogram,
-    PluginMetrics,
-    Registry,
-    escape_label_value,
-    format_value,
+from plugin.metrics import CONTENT_TYPE, DEFAULT_BUCKETS, PluginMetrics
+
+# Family name (the parser drops a counter's _total), type, and its label names.
+NRI_GPU = {
+    "nri_gpu_events": ("counter", {"event"}),
+    "nri_gpu_errors": ("counter", {"kind"}),
+    "nri_gpu_step_duration_seconds": ("histogram", {"step"}),
+    "nri_gpu_gpus_allocated": ("counter", set()),
+    "nri_gpu_registered": ("gauge", set()),
+    "nri_gpu_registrations": ("counter", set()),
+    "nri_gpu_inventory_gpus": ("gauge", set()),
+}
+PROCESS = (
+    "process_virtual_memory_bytes",
+    "process_resident_memory_bytes",
+    "process_start_time_seconds",
+    "process_cpu_seconds",
+    "process_open_fds",
+    "process_max_fds",
 )
 
 
-@pytest.mark.parametrize(
-    ("value", "text"),
-    [
-        (0, "0"),
-        (3.0, "3"),
-        (0.25, "0.25"),
-        (1e-4, "0.0001"),
-        (math.inf, "+Inf"),
-        (-math.inf, "-Inf"),
-        (math.nan, "NaN"),
-    ],
-    ids=["zero", "integral-float", "fraction", "small", "inf", "minus-inf", "nan"],
-)
-def test_values_are_written_as_prometheus_reads_them(value: float, text: str) -> None:
-    assert format_value(value) == text
+def scrape(metrics: PluginMetrics) -> dict[str, tuple[str, list[Sample]]]:
+    """Family name -> (type, samples), as a Prometheus server would read /metrics."""
+    return {f.name: (f.type, f.samples) for f in text_string_to_metric_families(metrics.render())}
 
 
-def test_label_values_escape_backslash_quote_and_newline() -> None:
-    assert escape_label_value('a\\b"c\nd') == 'a\\\\b\\"c\\nd'
+def value(metrics: PluginMetrics, sample: str, **labels: str) -> float | None:
+    """A sample's value in the scraped text; None when the series is not there."""
+    for _, samples in scrape(metrics).values():
+        for s in samples:
+            if s.name == sample and s.labels == labels:
+                return s.value
+    return None
 
 
-def test_counter_with_labels_renders_help_type_and_sorted_series() -> None:
-    registry = Registry()
-    events = registry.counter("nri_gpu_events_total", "Events.\nSecond line with \\.", ["event"])
-    events.inc(event="StartContainer")
-    events.inc(event="CreateContainer")
-    events.inc(2, event="CreateContainer")
-    events.inc(event='we"ird\\name\n')
-    assert registry.render() == (
-        "# HELP nri_gpu_events_total Events.\\nSecond line with \\\\.\n"
-        "# TYPE nri_gpu_events_total counter\n"
-        'nri_gpu_events_total{event="CreateContainer"} 3\n'
-        'nri_gpu_events_total{event="StartContainer"} 1\n'
-        'nri_gpu_events_total{event="we\\"ird\\\\name\\n"} 1\n'
-    )
+def steps(metrics: PluginMetrics, step: str) -> tuple[list[tuple[float, float]], float, float]:
+    """(cumulative buckets as (upper bound, count), sum, count) of one step's histogram."""
+    _, samples = scrape(metrics)["nri_gpu_step_duration_seconds"]
+    mine = [s for s in samples if s.labels.get("step") == step]
+    buckets = [(float(s.labels["le"]), s.value) for s in mine if s.name.endswith("_bucket")]
+    total = next(s.value for s in mine if s.name.endswith("_sum"))
+    count = next(s.value for s in mine if s.name.endswith("_count"))
+    return buckets, total, count
 
 
-def test_unlabelled_metrics_exist_at_zero_from_the_start() -> None:
-    registry = Registry()
-    registry.counter("c_total", "A counter.")
-    registry.gauge("g", "A gauge.")
-    assert registry.render() == (
-        "# HELP c_total A counter.\n# TYPE c_total counter\nc_total 0\n# HELP g A gauge.\n# TYPE g gauge\ng 0\n"
-    )
+def test_the_content_type_is_the_text_format_0_0_4() -> None:
+    assert CONTENT_TYPE == "text/plain; version=0.0.4; charset=utf-8"
 
 
-def test_gauge_set_inc_and_function() -> None:
-    g = Gauge("g", "A gauge.")
-    g.set(4)
-    g.inc(-1.5)
-    assert g.samples() == ["g 2.5"]
-    state = {"up": False}
-    g.set_function(lambda: 1.0 if state["up"] else 0.0)
-    assert g.samples() == ["g 0"]
-    state["up"] = True
-    assert g.samples() == ["g 1"]
+def test_every_metric_is_there_with_its_type_and_labels_from_the_start() -> None:
+    families = scrape(PluginMetrics())
+    for name, (kind, _) in NRI_GPU.items():
+        assert families[name][0] == kind, name
+    # Unlabelled series exist at 0 before anything happens; labelled ones appear
+    # with their first label value (no event has a series before it is seen).
+    for name in ("nri_gpu_gpus_allocated_total", "nri_gpu_registrations_total"):
+        assert value(PluginMetrics(), name) == 0.0
+    assert value(PluginMetrics(), "nri_gpu_registered") == 0.0
+    assert value(PluginMetrics(), "nri_gpu_inventory_gpus") == 0.0
+    assert families["nri_gpu_events"][1] == families["nri_gpu_errors"][1] == []
+    assert families["nri_gpu_step_duration_seconds"][1] == []
 
 
-def test_histogram_buckets_are_cumulative_with_inf_sum_and_count() -> None:
-    h = Histogram("d_seconds", "Durations.", ["step"], buckets=(0.001, 0.01, 0.1))
-    for value in (0.0005, 0.001, 0.005, 0.5):
-        h.observe(value, step="plan")
-    assert "\n".join(h.render()) == (
-        "# HELP d_seconds Durations.\n"
-        "# TYPE d_seconds histogram\n"
-        'd_seconds_bucket{step="plan",le="0.001"} 2\n'
-        'd_seconds_bucket{step="plan",le="0.01"} 3\n'
-        'd_seconds_bucket{step="plan",le="0.1"} 3\n'
-        'd_seconds_bucket{step="plan",le="+Inf"} 4\n'
-        'd_seconds_sum{step="plan"} 0.5065\n'
-        'd_seconds_count{step="plan"} 4'
-    )
-    assert h.count(step="plan") == 4 and h.count(step="start") == 0
-
-
-def test_unlabelled_histogram_has_only_le() -> None:
-    h = Histogram("h", "H.", buckets=(1,))
-    h.observe(2)
-    assert h.samples() == ['h_bucket{le="1"} 0', 'h_bucket{le="+Inf"} 1', "h_sum 2", "h_count 1"]
-
-
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: Counter("bad-name", "x"),
-        lambda: Counter("c", "x", ["le"]),
-        lambda: Counter("c", "x", ["__x"]),
-        lambda: Histogram("h", "x", buckets=(0.1, 0.01)),
-        lambda: Histogram("h", "x", buckets=()),
-    ],
-    ids=["metric-name", "le-label", "reserved-label", "unsorted-buckets", "no-buckets"],
-)
-def test_bad_definitions_are_refused(make: object) -> None:
-    with pytest.raises(ValueError):
-        make()  # type: ignore[operator]
-
-
-def test_wrong_labels_and_negative_increments_are_refused() -> None:
-    c = Counter("c_total", "x", ["kind"])
-    with pytest.raises(ValueError):
-        c.inc(other="x")
-    with pytest.raises(ValueError):
-        c.inc(-1, kind="x")
-    registry = Registry()
-    registry.register(c)
-    with pytest.raises(ValueError):
-        registry.register(Counter("c_total", "again"))
-
-
-def test_plugin_metrics_names_and_start_timings() -> None:
+def test_samples_carry_only_their_declared_labels() -> None:
     metrics = PluginMetrics()
     metrics.event("CreateContainer")
     metrics.error("refused")
-    metrics.step("plan", 0.0003)
+    metrics.step("plan", 0.001)
+    for name, (_, labelnames) in NRI_GPU.items():
+        for s in scrape(metrics)[name][1]:
+            assert set(s.labels) - {"le"} == labelnames, (name, s)
+
+
+def test_events_and_errors_count_per_label_value() -> None:
+    metrics = PluginMetrics()
+    for event in ("CreateContainer", "CreateContainer", "StartContainer", "CreateContainer"):
+        metrics.event(event)
+    metrics.error("refused")
+    metrics.error("internal")
+    metrics.error("refused")
+    assert value(metrics, "nri_gpu_events_total", event="CreateContainer") == 3
+    assert value(metrics, "nri_gpu_events_total", event="StartContainer") == 1
+    assert value(metrics, "nri_gpu_errors_total", kind="refused") == 2
+    assert value(metrics, "nri_gpu_errors_total", kind="internal") == 1
+    assert value(metrics, "nri_gpu_errors_total", kind="start_failed") is None
+
+
+def test_label_values_survive_quotes_backslashes_and_newlines() -> None:
+    metrics = PluginMetrics()
+    weird = 'we"ird\\name\nsecond line'
+    metrics.event(weird)
+    assert value(metrics, "nri_gpu_events_total", event=weird) == 1
+
+
+def test_a_step_histogram_has_the_buckets_cumulative_with_inf_sum_and_count() -> None:
+    metrics = PluginMetrics()
+    for seconds in (0.0003, 0.0005, 0.004, 3.0):
+        metrics.step("plan", seconds)
+    buckets, total, count = steps(metrics, "plan")
+    assert [le for le, _ in buckets] == [*DEFAULT_BUCKETS, math.inf]
+    expected = [sum(1 for s in (0.0003, 0.0005, 0.004, 3.0) if s <= le) for le, _ in buckets]
+    assert [n for _, n in buckets] == expected
+    assert expected[0] == 2 and expected[-2] == 3 and expected[-1] == 4  # 0.0005 is "<= le"; 3 s only in +Inf
+    assert count == 4 and total == pytest.approx(3.0048)
+
+
+def test_timings_in_ms_become_seconds_under_their_prefixed_step() -> None:
+    metrics = PluginMetrics()
+    metrics.plan_timings({"request": 0.2, "plan": 0.3, "adjustment": 0.1})
     metrics.start_timings({"procfs isolation": 1.5, "total": 4.0})
+    _, samples = scrape(metrics)["nri_gpu_step_duration_seconds"]
+    assert {s.labels["step"] for s in samples} == {
+        "plan/request",
+        "plan/plan",
+        "plan/adjustment",
+        "start/procfs isolation",
+        "start/total",
+    }
+    buckets, total, count = steps(metrics, "start/procfs isolation")
+    assert dict(buckets)[0.001] == 0 and dict(buckets)[0.0025] == 1
+    assert count == 1 and total == pytest.approx(0.0015)
+    assert steps(metrics, "start/total")[1] == pytest.approx(0.004)
+    assert steps(metrics, "plan/plan")[1] == pytest.approx(0.0003)
+
+
+def test_counters_and_gauges_the_stub_and_handlers_drive() -> None:
+    metrics = PluginMetrics()
+    metrics.gpus_allocated.inc(2)
+    metrics.registrations.inc()
+    metrics.inventory_gpus.set(8)
+    assert value(metrics, "nri_gpu_gpus_allocated_total") == 2
+    assert value(metrics, "nri_gpu_registrations_total") == 1
+    assert value(metrics, "nri_gpu_inventory_gpus") == 8
+
+
+def test_the_registered_gauge_reads_its_function_at_scrape_time() -> None:
+    metrics = PluginMetrics()
+    state = {"up": False}
+    metrics.registered.set_function(lambda: 1.0 if state["up"] else 0.0)
+    assert value(metrics, "nri_gpu_registered") == 0
+    state["up"] = True
+    assert value(metrics, "nri_gpu_registered") == 1
+
+
+def test_no_created_series_are_written_and_other_registries_keep_theirs() -> None:
+    """The library's <name>_created samples are dropped for our registry only; the
+    process-wide switch (disable_created_metrics) is left as it was."""
+    metrics = PluginMetrics()
+    metrics.event("CreateContainer")
+    metrics.step("plan", 0.001)
     text = metrics.render()
-    for name in (
-        "nri_gpu_events_total",
-        "nri_gpu_errors_total",
-        "nri_gpu_step_duration_seconds",
-        "nri_gpu_gpus_allocated_total",
-        "nri_gpu_registered",
-        "nri_gpu_registrations_total",
-        "nri_gpu_inventory_gpus",
-    ):
-        assert f"# TYPE {name} " in text
-    assert 'nri_gpu_step_duration_seconds_bucket{step="plan",le="0.0005"} 1\n' in text
-    assert 'nri_gpu_step_duration_seconds_bucket{step="start/procfs isolation",le="0.001"} 0\n' in text
-    assert 'nri_gpu_step_duration_seconds_bucket{step="start/procfs isolation",le="0.0025"} 1\n' in text
-    assert 'nri_gpu_step_duration_seconds_sum{step="start/total"} 0.004\n' in text
-    assert text.endswith("\n") and "\n\n" not in text
+    assert "_created" not in text
+    other = CollectorRegistry()
+    Counter("other_total", "Another registry's counter.", registry=other)
+    assert other.get_sample_value("other_created") is not None
+
+
+def test_each_plugin_metrics_has_a_registry_of_its_own() -> None:
+    one, two = PluginMetrics(), PluginMetrics()
+    one.event("CreateContainer")
+    assert one.registry is not two.registry
+    assert value(one, "nri_gpu_events_total", event="CreateContainer") == 1
+    assert value(two, "nri_gpu_events_total", event="CreateContainer") is None
+
+
+def test_value_reads_a_sample_and_is_zero_for_a_series_not_yet_made() -> None:
+    metrics = PluginMetrics()
+    metrics.error("start_failed")
+    metrics.step("start", 0.01)
+    assert metrics.value("nri_gpu_errors_total", kind="start_failed") == 1
+    assert metrics.value("nri_gpu_errors_total", kind="refused") == 0
+    assert metrics.value("nri_gpu_step_duration_seconds_count", step="start") == 1
+    assert metrics.value("nri_gpu_step_duration_seconds_count", step="plan") == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process_* are read from /proc")
+def test_process_metrics_are_this_process_read_at_scrape_time() -> None:
+    metrics = PluginMetrics()
+    families = scrape(metrics)
+    for name in PROCESS:
+        assert families[name][1], name
+    assert value(metrics, "process_resident_memory_bytes") > 1 << 20  # type: ignore[operator]
+    before = value(metrics, "process_open_fds")
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(20)]
+    try:
+        during = value(metrics, "process_open_fds")
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert before is not None and during is not None
+    assert 20 <= during - before <= 22  # ours, give or take one the test runner opened
