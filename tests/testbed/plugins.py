@@ -158,10 +158,15 @@ def healthz(port: int, timeout: float = 1.0) -> dict[str, Any] | None:
     return parsed
 
 
-def process_usage(pid: int) -> tuple[int, int]:
-    """(resident set size in KiB from /proc/PID/status VmRSS, open file descriptors)."""
-    rss = 0
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            rss = int(line.split()[1])
-    return rss, len(os.listdir(f"/proc/{pid}/fd"))
+def process_usage(port: int, timeout: float = 5.0) -> tuple[int, int]:
+    """(resident set size in KiB, open file descriptors) of ``nri-gpu run``, from the
+    ``process_*`` metrics of its /metrics on 127.0.0.1:``port``: what an operator's
+    Prometheus sees. The scrape's own connection is one of the fds, at every call alike."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as resp:
+        text = resp.read().decode()
+    values = {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+    return int(values["process_resident_memory_bytes"]) // 1024, int(values["process_open_fds"])
