@@ -62,7 +62,7 @@ def test_tiny_run_on_one_containerd(tmp_path: Path) -> None:
         _cannot_run(reason)
     out = tmp_path / "bench.json"
     argv = ["--runtimes", "2.1.9", "--pods", "3", "--churn", "10", "--burst", "4", "--profile-iterations", "20",
-            "--cdi-runs", "2", "--docker", "28.5.2", "--seed", "1", "--output", str(out)]
+            "--cdi-runs", "2", "--podman", "4.3.1", "--docker", "28.5.2", "--seed", "1", "--output", str(out)]
     assert bench.main(argv) == 0
     results = json.loads(out.read_text())
     run = results["runtimes"]["2.1.9"]
@@ -95,10 +95,15 @@ def test_cdi_only_run(tmp_path: Path) -> None:
     if reason:
         _cannot_run(reason)
     out = tmp_path / "bench.json"
-    assert bench.main(["--cdi-only", "--cdi-runs", "2", "--docker", "28.5.2", "--seed", "1", "--output", str(out)]) == 0
+    argv = ["--cdi-only", "--cdi-runs", "2", "--podman", "4.3.1", "--docker", "28.5.2", "--seed", "1",
+            "--hook-baseline", "HEAD", "--output", str(out)]
+    assert bench.main(argv) == 0
     results = json.loads(out.read_text())
     assert not results["runtimes"] and "inprocess" not in results
-    assert_cdi_part(results, render(results), runs=2)
+    text = render(results)
+    assert_cdi_part(results, text, runs=2)
+    baseline = results["cdi"]["hook_alone"]["baseline"]  # the interleaved before/after of the hook
+    assert baseline["rev"] == "HEAD" and baseline["n"] == 2 and "The hook installed from HEAD" in text
 
 
 def assert_cdi_part(results: dict[str, Any], text: str, *, runs: int) -> None:

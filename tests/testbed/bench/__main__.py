@@ -11,11 +11,11 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.testbed import docker, runtimes
+from tests.testbed import docker, podman, runtimes
 from tests.testbed.containerd import reap_stale
 from tests.testbed.gpunode import build_node
 
@@ -38,13 +38,17 @@ def _versions(text: str) -> list[str]:
     return out
 
 
-def _dockers(text: str) -> list[str]:
-    """``28.5.2,26.1.5``: Docker versions of the test bed (``tests.testbed.docker``)."""
-    out = [w.strip() for w in text.split(",") if w.strip()]
-    for word in out:
-        if word not in docker.VERSIONS:
-            raise argparse.ArgumentTypeError(f"{word!r}: expected one of {', '.join(docker.VERSIONS)}")
-    return out
+def _engine_versions(known: Sequence[str]) -> Callable[[str], list[str]]:
+    """``V[,V]``, each one of ``known`` (the test bed's versions of an engine)."""
+
+    def parse(text: str) -> list[str]:
+        out = [w.strip() for w in text.split(",") if w.strip()]
+        for word in out:
+            if word not in known:
+                raise argparse.ArgumentTypeError(f"{word!r}: expected one of {', '.join(known)}")
+        return out
+
+    return parse
 
 
 def _positive(text: str) -> int:
@@ -98,8 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="rounds of podman/docker run --rm, plain and with a GPU, and of the CDI hook alone (default 100)",
     )
     p.add_argument(
+        "--podman",
+        type=_engine_versions(podman.VERSIONS),
+        default=[podman.VERSION],
+        metavar="V[,V]",
+        help=f"podman versions for the CDI part, of {','.join(podman.VERSIONS)} (default {podman.VERSION})",
+    )
+    p.add_argument(
         "--docker",
-        type=_dockers,
+        type=_engine_versions(docker.VERSIONS),
         default=list(docker.VERSIONS),
         metavar="V[,V]",
         help=f"Docker versions for the CDI part (default {','.join(docker.VERSIONS)})",
@@ -108,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--cdi-only",
         action="store_true",
         help="only the CDI part: podman and Docker run --rm with and without a GPU, the hook alone (minutes)",
+    )
+    p.add_argument(
+        "--hook-baseline",
+        metavar="REV",
+        help="CDI part: also run the hook alone as git revision REV installs it, interleaved with this checkout's",
     )
     p.add_argument("--keep-workdir", action="store_true", help="keep the daemons' workdir and the plugin logs")
     return p
@@ -160,7 +176,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "burst": args.burst,
             "profile_iterations": args.profile_iterations,
             "cdi_runs": args.cdi_runs,
+            "podman": args.podman,
             "docker": args.docker,
+            "hook_baseline": args.hook_baseline,
             "seed": seed,
         },
         "runtimes": {},
@@ -203,8 +221,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cdi(node: Any, workdir: Path, rng: random.Random, args: argparse.Namespace) -> dict[str, Any]:
-    _log(f"CDI: podman and Docker {', '.join(args.docker)}, {args.cdi_runs} rounds")
-    return cdi.measure_cdi(node, workdir / "cdi", args.cdi_runs, docker_versions=args.docker, rng=rng, say=_log)
+    _log(f"CDI: podman {', '.join(args.podman)}, Docker {', '.join(args.docker)}, {args.cdi_runs} rounds")
+    versions = {"podman": args.podman, "docker": args.docker}
+    return cdi.measure_cdi(
+        node, workdir / "cdi", args.cdi_runs, versions=versions, rng=rng, say=_log, baseline=args.hook_baseline
+    )
 
 
 def _one_runtime(

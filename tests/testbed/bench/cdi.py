@@ -40,11 +40,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import io
 import json
 import random
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -56,6 +58,7 @@ from tests.testbed.bundle import busybox_rootfs
 from tests.testbed.docker import Docker, DockerError
 from tests.testbed.gpunode import SimNode
 from tests.testbed.images import GLIBC
+from tests.testbed.plugin_image import _wheels as dependency_wheels
 from tests.testbed.plugins import NRI_GPU
 from tests.testbed.podman import Podman, SpecFolderTaken, shared_spec_path
 
@@ -67,6 +70,7 @@ NOOP_KIND = "nri-gpu-bench.example/gpu"
 # The hook alone and the commands that split its time (HookAlone.commands).
 HOOK_PARTS = ("/bin/true", "interpreter", "imports", "hook")
 # Run by the hook's interpreter in place of its script: the hook, then the modules it holds.
+_BASELINE = "hook at the baseline revision"
 _LIST_MODULES = """
 import json, sys
 from plugin.entry import main
@@ -104,17 +108,22 @@ def series(values: list[float]) -> dict[str, float | int]:
     }
 
 
-def install_hook(workdir: Path) -> Path:
-    """``pip install`` of this checkout into a fresh venv (the README's install: a
-    copy with compiled ``.pyc``, no editable finder); its ``nri-gpu``. The
-    sources are copied first so that the build writes nothing into the checkout."""
-    checkout = Path(__file__).resolve().parents[3]
+_CHECKOUT = Path(__file__).resolve().parents[3]
+_INSTALLED = ("pyproject.toml", "README.md", "engine", "plugin")  # what pip builds the package from
+
+
+def install_hook(workdir: Path, source: Path = _CHECKOUT) -> Path:
+    """``pip install`` of ``source`` (default this checkout) with its dependencies
+    (the plugin image's pinned wheels) into a fresh venv: the README's install, a
+    copy with compiled ``.pyc`` and no editable finder. Its ``nri-gpu``. The
+    sources are copied first so that the build writes nothing into ``source``."""
     src, venv, wheels = workdir / "src", workdir / "venv", workdir / "wheel"
     src.mkdir(parents=True)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(checkout / name, src / name)
-    for package in ("engine", "plugin"):
-        shutil.copytree(checkout / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in _INSTALLED:
+        if (source / name).is_dir():
+            shutil.copytree(source / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source / name, src / name)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     subprocess.run(
@@ -123,12 +132,24 @@ def install_hook(workdir: Path) -> Path:
         capture_output=True,
     )
     (wheel,) = wheels.glob("*.whl")
+    deps = [str(w) for w in dependency_wheels()]
     subprocess.run(
-        [*pip, "--python", str(venv / "bin/python"), "install", "--no-deps", "--no-index", str(wheel)],
+        [*pip, "--python", str(venv / "bin/python"), "install", "--no-deps", "--no-index", str(wheel), *deps],
         check=True,
         capture_output=True,
     )
     return venv / "bin/nri-gpu"
+
+
+def revision_tree(rev: str, out: Path) -> Path:
+    """What ``install_hook`` needs, as git revision ``rev`` of this checkout has it, in ``out``."""
+    done = subprocess.run(["git", "-C", str(_CHECKOUT), "archive", rev, *_INSTALLED], capture_output=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"git archive {rev}: {done.stderr.decode(errors='replace')}")
+    out.mkdir(parents=True)
+    with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
+        tar.extractall(out, filter="data")
+    return out
 
 
 def generate_spec(node: SimNode, hook: Path, output: Path) -> dict[str, Any]:
@@ -267,37 +288,50 @@ def _timed(run: Callable[..., subprocess.CompletedProcess[str]], options: list[s
 
 @contextlib.contextmanager
 def _engines(
-    node: SimNode, hook: Path, workdir: Path, docker_versions: list[str], say: Callable[[str], None]
+    node: SimNode,
+    hook: Path,
+    workdir: Path,
+    versions: dict[str, list[str]],
+    say: Callable[[str], None],
 ) -> Iterator[tuple[dict[str, Callable[..., Any]], dict[str, str]]]:
-    """The engines that could be set up, by label (their ``run``), and why the others could not."""
+    """The engines of ``versions`` (``{"podman": [...], "docker": [...]}``) that could be
+    set up, by label (their ``run``), and why the others could not."""
     runners: dict[str, Callable[..., Any]] = {}
     skipped: dict[str, str] = {}
+
+    def failed(label: str, exc: Exception) -> None:
+        skipped[label] = str(exc)[:300]
+        say(f"CDI: {label} skipped: {skipped[label]}")
+
     with contextlib.ExitStack() as stack:
-        label = "podman"
-        try:
-            podman = Podman(workdir / "podman")
-            label = f"podman {podman.version}"
-            stack.callback(podman.cleanup)
-            podman.load(images.glibc_image())
-            spec = stack.enter_context(shared_spec_path("bench-"))
-            stack.callback(spec.with_name(f"{spec.stem}-noop.json").unlink, missing_ok=True)
-            generate_spec(node, hook, spec)
-            runners[label] = podman.run
-        except (debs.DebError, SpecFolderTaken, RuntimeError, OSError) as exc:
-            skipped[label] = str(exc)[:300]
-            say(f"CDI: {label} skipped: {skipped[label]}")
-        for version in docker_versions:
-            label = f"docker {version}"
+        if versions["podman"]:
+            # One spec for every podman: they all read /var/run/cdi (see tests.testbed.podman).
+            try:
+                spec = stack.enter_context(shared_spec_path("bench-"))
+                stack.callback(spec.with_name(f"{spec.stem}-noop.json").unlink, missing_ok=True)
+                generate_spec(node, hook, spec)
+            except (SpecFolderTaken, RuntimeError, OSError) as exc:
+                for version in versions["podman"]:
+                    failed(f"podman {version}", exc)
+                versions = {**versions, "podman": []}
+        for version in versions["podman"]:
+            try:
+                podman = Podman(workdir / f"podman-{version}", version=version)
+                stack.callback(podman.cleanup)
+                podman.load(images.glibc_image())
+                runners[f"podman {version}"] = podman.run
+            except (debs.DebError, RuntimeError, OSError) as exc:
+                failed(f"podman {version}", exc)
+        for version in versions["docker"]:
             try:
                 docker = Docker(workdir / f"docker-{version}", version)
                 docker.start()
                 stack.callback(docker.stop)
                 docker.load(images.glibc_image())
                 generate_spec(node, hook, docker.cdi_dir / "nri-gpu.json")
-                runners[label] = docker.run
+                runners[f"docker {version}"] = docker.run
             except (debs.DebError, DockerError, RuntimeError, OSError) as exc:
-                skipped[label] = str(exc)[:300]
-                say(f"CDI: {label} skipped: {skipped[label]}")
+                failed(f"docker {version}", exc)
         yield runners, skipped
 
 
@@ -306,22 +340,30 @@ def measure_cdi(
     workdir: Path,
     runs: int,
     *,
-    docker_versions: list[str],
+    versions: dict[str, list[str]],
     rng: random.Random,
     say: Callable[[str], None],
+    baseline: str | None = None,
 ) -> dict[str, Any]:
-    """Every CDI measurement, ``runs`` rounds; the results document's ``cdi`` part."""
+    """Every CDI measurement, ``runs`` rounds, through the podman and Docker ``versions``
+    (``{"podman": [...], "docker": [...]}``); the results document's ``cdi`` part.
+    ``baseline``: a git revision whose hook runs alone too, interleaved with this
+    checkout's (same spec arguments): a before/after on one machine state."""
     workdir.mkdir(parents=True, exist_ok=True)
     say("CDI: installing the hook (pip install of the checkout into a fresh venv)")
     hook = install_hook(workdir / "install")
     alone = HookAlone(generate_spec(node, hook, workdir / "spec.json"), node, workdir)
-    parts = alone.commands()
+    parts: dict[str, list[str] | None] = alone.commands()
+    if baseline:
+        say(f"CDI: installing the hook of {baseline}")
+        old = install_hook(workdir / "baseline", revision_tree(baseline, workdir / "baseline-tree"))
+        parts[_BASELINE] = [str(old), *alone.argv[1:]]
     times: dict[tuple[str, str], list[float]] = {}
-    with _engines(node, hook, workdir, docker_versions, say) as (runners, skipped):
+    with _engines(node, hook, workdir, versions, say) as (runners, skipped):
         say(f"CDI: {runs} rounds of run --rm, plain and with a GPU, through {', '.join(runners) or 'no engine'}")
         for _ in range(runs):
             steps: list[tuple[str, str]] = [(e, v) for e in runners for v in VARIANTS]
-            steps += [("hook alone", part) for part in HOOK_PARTS]
+            steps += [("hook alone", part) for part in parts]
             rng.shuffle(steps)
             for engine, variant in steps:
                 if engine == "hook alone":
@@ -340,7 +382,13 @@ def measure_cdi(
             # The GPU's cost without our hook's own: the engine's injection and a hook run.
             "noop_hook_over_p50": round(percentile(noop, 50) - percentile(plain, 50), 2),
         }
-    p50 = {part: percentile(times["hook alone", part], 50) for part in HOOK_PARTS}
+    p50 = {part: percentile(times["hook alone", part], 50) for part in parts}
+    compared = {}
+    if baseline:
+        compared = {
+            "baseline": {"rev": baseline, **series(times["hook alone", _BASELINE])},
+            "baseline_over_p50": round(p50[_BASELINE] - p50["hook"], 2),
+        }
     return {
         "runs": runs,
         "hook_command": alone.argv[:3],
@@ -355,5 +403,6 @@ def measure_cdi(
                 "imports": round(p50["imports"] - p50["interpreter"], 2),
                 "work (arguments, discovery, plan, start work)": round(p50["hook"] - p50["imports"], 2),
             },
+            **compared,
         },
     }

@@ -404,6 +404,11 @@ def cdi_lines(result: dict[str, Any]) -> list[str]:
         + "; ".join(f"{part} {_f(ms)}" for part, ms in h["split_p50"].items())
         + " (differences of p50s: the hook's interpreter running nothing, then importing what the hook imports)."
     )
+    if base := h.get("baseline"):
+        lines.append(
+            f"The hook installed from {base['rev']}, interleaved with it: p50 {_f(base['p50'])} ms, "
+            f"p90 {_f(base['p90'])} ms ({base['n']} runs): {_f(h['baseline_over_p50'])} ms over this checkout's at p50."
+        )
     for engine, reason in result.get("skipped", {}).items():
         lines.append(f"{engine}: not measured ({reason}).")
     return lines
