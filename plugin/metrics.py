@@ -21,10 +21,13 @@ refused. The library's ``ProcessCollector`` on that registry adds the
 ``process_*`` metrics (resident and virtual memory, open and max fds, CPU
 seconds, start time), read from ``/proc/self`` at scrape time.
 
-The updates run on the event loop's thread; the library's own locks cost well
-under a microsecond there. A gauge may be given a function instead of a value;
-it is read at scrape time and must be cheap (the stub's ``registered`` flag,
-not a discovery).
+The updates run on the event loop's thread, about 1 us each (``event()`` 0.9,
+``step()`` 1.2 on a shared 2-core machine; the hand-written registry before took
+0.6 and 0.9): nothing next to the runtime's 2 s. ``render()`` runs there too, once
+per scrape: 0.1 to 0.4 ms, mostly ``generate_latest`` writing the histograms; the
+``/proc/self`` reads take about 40 us of it. A gauge may be given a function
+instead of a value; it is read at scrape time and must be cheap (the stub's
+``registered`` flag, not a discovery).
 """
 
 from __future__ import annotations
