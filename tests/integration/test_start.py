@@ -21,6 +21,7 @@ import hashlib
 import json
 import mmap
 import os
+import select
 import shutil
 import signal
 import socket
@@ -759,26 +760,64 @@ def children(zombies: bool) -> list[int]:
     return found
 
 
-def _zombie_children() -> list[int]:
-    return children(zombies=True)
+def _wait_exited(pid: int, timeout: float = 10.0) -> None:
+    """Wait until ``pid`` (our child) has exited, without reaping it: its pidfd
+    turns readable then, and it stays a zombie until someone waits for it."""
+    fd = os.pidfd_open(pid)
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+    finally:
+        os.close(fd)
+    assert ready, f"worker {pid} still running after {timeout} s"
 
 
-def test_the_worker_is_reaped_after_an_early_return(runc: RuncHost, plan: Plan, work: StartWork) -> None:
+def test_the_worker_is_reaped_after_an_early_return(
+    runc: RuncHost, plan: Plan, work: StartWork, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The call returns on the result line; the exiting worker is reaped by the
-    loop (pidfd), or by the next call when the loop is gone before that."""
+    loop (pidfd), or by the next call when the loop is gone before that. Not one
+    zombie is left either way."""
     first, second = gpu_container(runc, plan, "true"), gpu_container(runc, plan, "true")
+    # In a whole test run the session's daemons are children too: only new ones count.
+    before = set(children(zombies=True))
+    workers: list[int] = []
+    reaping: list[asyncio.Future[int | None]] = []
+    real_spawn, real_reap_later = runner._spawn, runner._reap_later
 
-    async def main() -> None:
-        await run_start_async(first.pid, work)
-        await asyncio.sleep(0.1)
-        assert _zombie_children() == []
+    def spawn(*args: object) -> tuple[int, int]:
+        child, fd = real_spawn(*args)  # type: ignore[arg-type]
+        workers.append(child)
+        return child, fd
 
-    asyncio.run(main())
-    asyncio.run(run_start_async(second.pid, work))  # its loop closes at once: reaped by the next call
-    asyncio.run(run_start_async(first.pid, work))
-    time.sleep(0.05)
-    asyncio.run(run_start_async(second.pid, work))
-    assert len(_zombie_children()) <= 1  # at most the last one, still exiting or waiting for a next call
+    def reap_later(loop: asyncio.AbstractEventLoop, child: int) -> asyncio.Future[int | None]:
+        reaped = real_reap_later(loop, child)
+        reaping.append(reaped)
+        return reaped
+
+    monkeypatch.setattr(runner, "_spawn", spawn)
+    monkeypatch.setattr(runner, "_reap_later", reap_later)
+
+    def zombies() -> list[int]:
+        return sorted(set(children(zombies=True)) - before)
+
+    async def with_the_loop_open(pid: int) -> None:
+        await run_start_async(pid, work)
+        await reaping[-1]  # the loop saw the worker's pidfd turn readable and reaped it
+
+    asyncio.run(with_the_loop_open(first.pid))
+    assert zombies() == []
+    assert not Path(f"/proc/{workers[-1]}").exists()
+
+    asyncio.run(run_start_async(second.pid, work))  # its loop closes at once: left to the next call
+    left = workers[-1]
+    _wait_exited(left)
+    assert zombies() == [left]  # the check sees a zombie when there is one
+    asyncio.run(run_start_async(first.pid, work))  # reaps it first thing; leaves its own worker
+    assert left not in zombies()
+    _wait_exited(workers[-1])
+    asyncio.run(with_the_loop_open(second.pid))  # reaps the last one's, the loop its own
+    assert len(workers) == 4
+    assert zombies() == []
 
 
 def test_find_init_pid_from_the_cgroup(runc: RuncHost, plan: Plan) -> None:
