@@ -257,8 +257,16 @@ def test_reconnects_and_registers_again_after_a_runtime_restart(tmp_path: Path) 
 
     async def main() -> None:
         stub = Stub(plugin, PluginConfig(socket=path, reconnect_min=0.01, reconnect_max=0.05))
+        backing_off = asyncio.Event()
+        sleep = stub._sleep
+
+        async def counted(seconds: float) -> None:
+            backing_off.set()
+            await sleep(seconds)
+
+        stub._sleep = counted  # type: ignore[method-assign]
         task = asyncio.ensure_future(stub.run())  # the runtime is not up yet: it waits
-        await asyncio.sleep(0.1)
+        await asyncio.wait_for(backing_off.wait(), 5)  # it found no socket and backs off
         async with listening(path) as rt:
             await rt.wait_ready()
             for restart in range(3):
