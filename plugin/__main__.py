@@ -17,8 +17,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
 
 from engine.config import EngineConfig, EngineConfigError
 from engine.discover import InventoryCache, discover
@@ -27,7 +26,7 @@ from engine.plan import plan
 from engine.report import inventory_text, inventory_to_dict, plan_text, plan_to_dict
 from engine.request import ContainerInfo, parse_request
 from engine.start.actions import identity_blind_spots
-from plugin import cdi_cli, cdi_keeper, setup_cli
+from plugin import cdi_cli, cdi_keeper, cli_args, setup_cli
 from plugin.cdi_keeper import WatchedInventory
 from plugin.config import (
     DEFAULT_INDEX,
@@ -48,28 +47,20 @@ from plugin.stub import Stub
 
 logger = logging.getLogger("nri-gpu")
 
-DEFAULT_CONFIG_FILE = Path("/etc/nri-gpu/config.toml")
+DEFAULT_CONFIG_FILE = cli_args.DEFAULT_CONFIG_FILE
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        metavar="FILE",
-        type=Path,
-        help=f"TOML config file; flags override it (default {DEFAULT_CONFIG_FILE}, if it exists)",
-    )
-    parser.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default info")
-    roots = parser.add_argument_group("node roots")
-    roots.add_argument("--driver-root", metavar="DIR", help="where the driver's files live (default /)")
-    roots.add_argument("--dev-root", metavar="DIR", help="under which dev/nvidia* are found (default /)")
-    roots.add_argument("--proc-root", metavar="DIR", help="the procfs to read (default /proc)")
-    roots.add_argument("--host-root", metavar="DIR", help="where the host's / is mounted, in a container (default /)")
+# A command: the parsed arguments and the environment in, the exit code out. Each
+# subcommand names its own (``set_defaults(func=...)``); the ones that read the
+# node's settings go through ``_configured`` first.
+Command = Callable[[argparse.Namespace, Mapping[str, str]], int]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nri-gpu", description="NRI plugin that gives containers NVIDIA GPUs.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    run = commands.add_parser("run", help="connect to the runtime's NRI socket and serve GPU requests")
+    node = cli_args.node_config()
+    run = commands.add_parser("run", parents=[node], help="connect to the runtime's NRI socket and serve GPU requests")
     run.add_argument("--socket", metavar="PATH", help=f"the runtime's NRI socket (default {DEFAULT_SOCKET})")
     run.add_argument("--name", help=f"plugin name shown by the runtime (default {DEFAULT_NAME})")
     run.add_argument(
@@ -86,13 +77,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="keep a CDI spec current at PATH (e.g. /etc/cdi/nri-gpu.json; config [cdi] spec; default none)",
     )
-    _add_common(run)
+    run.set_defaults(func=_run_command)
 
-    info = commands.add_parser("info", help="show the node's GPUs, driver and libraries as discovery sees them")
+    info = commands.add_parser(
+        "info", parents=[node], help="show the node's GPUs, driver and libraries as discovery sees them"
+    )
     info.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    _add_common(info)
+    info.set_defaults(func=_configured(_info))
 
-    plan_cmd = commands.add_parser("plan", help="show what a container would get (exit 1 with the reason if refused)")
+    plan_cmd = commands.add_parser(
+        "plan", parents=[node], help="show what a container would get (exit 1 with the reason if refused)"
+    )
     plan_cmd.add_argument("--env", metavar="K=V", action="append", default=[], help="container env (repeatable)")
     plan_cmd.add_argument(
         "--annotation", metavar="K=V", action="append", default=[], help="pod annotation (repeatable)"
@@ -101,9 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cmd.add_argument("--namespace", default="default", help="pod namespace (default default)")
     plan_cmd.add_argument("--privileged", action="store_true", help="the container is privileged")
     plan_cmd.add_argument("--json", action="store_true", help="print JSON instead of text")
-    _add_common(plan_cmd)
+    plan_cmd.set_defaults(func=_configured(_plan))
     setup_cli.add_commands(commands)
-    cdi_cli.add_commands(commands, _add_common)
+    cdi_cli.add_commands(commands, node, _configured(_cdi_generate))
     return parser
 
 
@@ -253,6 +248,56 @@ def _plan(args: argparse.Namespace, engine: EngineConfig) -> int:
     return 0
 
 
+def _configured(handler: Callable[[argparse.Namespace, EngineConfig], int]) -> Command:
+    """``handler`` with the node's settings: config file and flags read, logging set up
+    (errors only: these commands print their own results)."""
+
+    def command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+        try:
+            settings = load_config(args, environ)
+        except ConfigError as exc:
+            print(f"nri-gpu: {exc}", file=sys.stderr)
+            return 2
+        _log_to_stderr(args, logging.ERROR, "text")
+        try:
+            return handler(args, settings.engine)
+        except ConfigError as exc:  # plan's --env and --annotation
+            print(f"nri-gpu: {exc}", file=sys.stderr)
+            return 2
+
+    return command
+
+
+def _log_to_stderr(args: argparse.Namespace, default_level: int, log_format: str) -> None:
+    """Log to stderr in ``log_format``, at --log-level if given."""
+    log_handler = logging.StreamHandler(sys.stderr)
+    log_handler.setFormatter(make_formatter(log_format))
+    logging.basicConfig(
+        level=logging.getLevelName(args.log_level.upper()) if args.log_level else default_level,
+        handlers=[log_handler],
+    )
+
+
+def _run_command(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    try:
+        settings = load_config(args, environ)
+        sock = preconnected_socket(environ)
+    except ConfigError as exc:
+        print(f"nri-gpu: {exc}", file=sys.stderr)
+        return 2
+    _log_to_stderr(args, settings.plugin.logging_level, settings.plugin.log_format)
+    try:
+        asyncio.run(_run(settings, sock))
+    except RegistrationError as exc:
+        logger.error("%s", exc)
+        return 1
+    return 0
+
+
+def _cdi_generate(args: argparse.Namespace, engine: EngineConfig) -> int:
+    return cdi_cli.generate(args, engine, sys.argv[0] if sys.argv else "")
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     environ = os.environ if environ is None else environ
     args = build_parser().parse_args(argv)
@@ -262,41 +307,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return 2
         # Launched by the runtime from its plugin directory: no arguments at all.
         args = build_parser().parse_args(["run"])
-    if args.command in setup_cli.COMMANDS:
-        return setup_cli.main(args)
-    if args.command == "hook":
-        # Everything comes from the arguments the CDI spec holds: no config file, no env.
-        # (The console script sends ``nri-gpu hook`` to engine.hookmain before importing this module.)
-        return cdi_cli.start_container(args, sys.stdin)
-    try:
-        settings = load_config(args, environ)
-        sock = preconnected_socket(environ) if args.command == "run" else None
-    except ConfigError as exc:
-        print(f"nri-gpu: {exc}", file=sys.stderr)
-        return 2
-    default_level = settings.plugin.logging_level if args.command == "run" else logging.ERROR
-    log_handler = logging.StreamHandler(sys.stderr)
-    log_handler.setFormatter(make_formatter(settings.plugin.log_format if args.command == "run" else "text"))
-    logging.basicConfig(
-        level=logging.getLevelName(args.log_level.upper()) if args.log_level else default_level,
-        handlers=[log_handler],
-    )
-    if args.command == "info":
-        return _info(args, settings.engine)
-    if args.command == "cdi":
-        return cdi_cli.main(args, settings.engine, sys.argv)
-    if args.command == "plan":
-        try:
-            return _plan(args, settings.engine)
-        except ConfigError as exc:
-            print(f"nri-gpu: {exc}", file=sys.stderr)
-            return 2
-    try:
-        asyncio.run(_run(settings, sock))
-    except RegistrationError as exc:
-        logger.error("%s", exc)
-        return 1
-    return 0
+    command: Command = args.func
+    return command(args, environ)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,40 +31,38 @@ from engine.discover import discover
 from engine.errors import EngineError
 from engine.model import Capability, Inventory
 from engine.request import parse_capabilities
+from plugin import cli_args
 from plugin.cdi_conflicts import conflicts
 from plugin.config_files import FileRefused, Folder
 from plugin.hook_install import check_install
 
-COMMANDS = ("cdi", "hook")
 _EXECUTABLE = "nri-gpu"
 # Where the README installs the hook: root's own, named by every spec.
 INSTALL_VENV = "/usr/local/lib/nri-gpu/venv"
 INSTALL_LINK = "/usr/local/bin/nri-gpu"
 
 
-def add_commands(commands: Any, add_roots: Any) -> None:
-    """Add the commands to ``commands`` (the parser's subparsers action);
-    ``add_roots(parser)`` adds the common root and config flags."""
-    cdi = commands.add_parser("cdi", help="write a CDI spec for nerdctl, podman and other CDI users")
+def add_commands(
+    commands: Any,
+    node_config: argparse.ArgumentParser,
+    generate_command: Callable[[argparse.Namespace, Mapping[str, str]], int],
+) -> None:
+    """Add the commands to ``commands`` (the parser's subparsers action): ``cdi`` with the
+    parent ``node_config`` (config file, log level, roots) and ``generate_command`` as its
+    command, ``hook`` with its own arguments (no config file, no environment)."""
+    hook_args, _ = cli_args.cdi_hook()
+    cdi = commands.add_parser(
+        "cdi", parents=[hook_args, node_config], help="write a CDI spec for nerdctl, podman and other CDI users"
+    )
     cdi.add_argument("action", choices=("generate",), help="generate: the spec of this node's GPUs")
     cdi.add_argument("--output", metavar="FILE", help="write the spec here (atomically) instead of stdout")
-    cdi.add_argument(
-        "--capabilities",
-        metavar="LIST",
-        help="driver capabilities the spec gives, as NVIDIA_DRIVER_CAPABILITIES (default utility,compute)",
-    )
-    cdi.add_argument("--hook-path", metavar="PATH", help="absolute path of nri-gpu on the host (default: this nri-gpu)")
-    cdi.add_argument(
-        "--allow-untrusted-hook",
-        action="store_true",
-        help="INSECURE: write the spec even when users other than root can change the hook's files (tests only)",
-    )
     cdi.add_argument("--ldconfig", metavar="PATH", help="the host's static ldconfig the hook runs (--ld-cache rebuild)")
     cdi.add_argument("--ld-cache", choices=LD_CACHE_MODES, help="how the hook updates the ld.so cache (default merge)")
-    add_roots(cdi)
+    cdi.set_defaults(func=generate_command)
 
     hook = commands.add_parser("hook", help="OCI hooks run by the runtime (written into the CDI spec)")
     hookmain.add_arguments(hook)
+    hook.set_defaults(func=start_container)
 
 
 def spec_text(inventory: Inventory, engine: EngineConfig, caps: frozenset[Capability], hook: HookCommand) -> str:
@@ -156,13 +154,8 @@ def _hook_is_trusted(hook_path: str, allow: bool) -> bool:
     return allow
 
 
-def start_container(args: argparse.Namespace, stdin: Any) -> int:
-    """``hook start-container`` (the ``nri-gpu`` console script sends it to
+def start_container(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``hook start-container``: everything comes from the arguments the CDI spec holds,
+    no config file, no environment (the ``nri-gpu`` console script sends it to
     ``engine.hookmain`` without importing this module)."""
-    return hookmain.run(args, stdin)
-
-
-def main(args: argparse.Namespace, engine: EngineConfig, argv: Sequence[str]) -> int:
-    if args.command == "cdi":
-        return generate(args, engine, argv[0] if argv else "")
-    return start_container(args, sys.stdin)
+    return hookmain.run(args, sys.stdin)

@@ -34,7 +34,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from plugin.config import DEFAULT_NAME, DEFAULT_SOCKET
@@ -90,6 +90,7 @@ def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     cmd.add_argument("--fail-closed", action="store_true", help="as install's; needs --runtime-version")
     cmd.add_argument("--runtime-version", metavar="VERSION", help="the runtime's release (never asked of its binary)")
     cmd.add_argument("--plugin-name", default=DEFAULT_NAME, metavar="NAME", help="the plugin name to require")
+    cmd.set_defaults(func=main)
 
 
 def options_from(args: argparse.Namespace) -> Options:
@@ -116,7 +117,8 @@ def options_from(args: argparse.Namespace) -> Options:
     return options
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``node-setup``; reads no environment (the flags say it all)."""
     try:
         options = options_from(args)
     except NodeSetupError as exc:

@@ -13,10 +13,11 @@ import argparse
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from plugin import node_setup
+from plugin import cli_args, node_setup
 from plugin.cdi_conflicts import conflicts
 from plugin.config import DEFAULT_NAME, ConfigError, Settings, from_toml
 from plugin.config_doc import default_config
@@ -46,11 +47,10 @@ from plugin.runtime_setup import (
 )
 from plugin.systemd_unit import UNIT_DIR, disable_command, enable_command, enabled_links, planned_units
 
-COMMANDS = ("config", "install", "uninstall", node_setup.COMMAND)
 CDI_RUNTIMES = ("docker", "podman")  # no NRI: a CDI spec (and Docker's features.cdi)
 _SERVICE = {"containerd": "containerd", "crio": "crio", "docker": "docker"}
-# The node config cdi generate reads by default (plugin.__main__.DEFAULT_CONFIG_FILE).
-_NODE_CONFIG = Path("/etc/nri-gpu/config.toml")
+# The node config cdi generate reads by default.
+_NODE_CONFIG = cli_args.DEFAULT_CONFIG_FILE
 _BINARY = {"containerd": "containerd", "crio": "crio"}
 
 
@@ -58,81 +58,91 @@ def add_commands(commands: Any) -> None:
     """Add the commands to ``commands`` (the parser's subparsers action)."""
     config = commands.add_parser("config", help="print the annotated default config file")
     config.add_argument("action", choices=("default",), help="default: the config file with every option documented")
+    config.set_defaults(func=_config_default)
     node_setup.add_command(commands)
 
+    target = _target()
+    cdi, cdi_group = cli_args.cdi_hook("docker, podman: the CDI spec (as nri-gpu cdi generate writes it)")
+    cdi_group.add_argument(
+        "--no-unit",
+        action="store_true",
+        help="no systemd units (nri-gpu-cdi.service and .path: the spec rewritten at boot and when the "
+        "driver changes); for a node whose nri-gpu run keeps the spec ([cdi] spec)",
+    )
+    cmd = commands.add_parser(
+        "install",
+        parents=[target, cdi, cli_args.roots()],
+        help="turn on NRI in the runtime's config (keeps a backup for uninstall)",
+    )
+    cmd.set_defaults(func=main)
+    cmd.add_argument("--socket", metavar="PATH", help="NRI socket the runtime should listen on")
+    cmd.add_argument(
+        "--runtime-version",
+        metavar="VERSION",
+        help="the runtime's release (default: asked from its binary on PATH); containerd >= 2.2 and "
+        "CRI-O >= 1.34 also get the NRI default validator set to require the plugin; Docker < 28.2 gets "
+        '"features": {"cdi": true}',
+    )
+    cmd.add_argument(
+        "--plugin-name",
+        default=DEFAULT_NAME,
+        metavar="NAME",
+        help=f"the plugin name the runtime is to require (default {DEFAULT_NAME}; the plugin's name setting)",
+    )
+    closed = cmd.add_mutually_exclusive_group()
+    closed.add_argument(
+        "--fail-closed",
+        action="store_true",
+        help="containerd >= 2.2, CRI-O >= 1.34: set the NRI default validator to require the plugin, so "
+        "that no container is created while it is away (every container of the node: tolerate system "
+        "pods first, README 'Fail-closed')",
+    )
+    closed.add_argument(
+        "--no-fail-closed",
+        action="store_true",
+        help="do not set up the default validator (the default)",
+    )
+
+    commands.add_parser(
+        "uninstall",
+        parents=[target],
+        help="undo what install changed (byte for byte when nothing else changed the file)",
+    ).set_defaults(func=main)
+
+def _target() -> argparse.ArgumentParser:
+    """What install and uninstall both take: the runtime, its files, --dry-run and --restart."""
     where = (
         f"containerd: the config file (default {CONTAINERD_CONFIG}); crio: the drop-in dir (default {CRIO_DROPIN_DIR}); "
         f"docker: daemon.json (default {DAEMON_JSON})"
     )
-    for name, text in (
-        ("install", "turn on NRI in the runtime's config (keeps a backup for uninstall)"),
-        ("uninstall", "undo what install changed (byte for byte when nothing else changed the file)"),
-    ):
-        cmd = commands.add_parser(name, help=text)
-        cmd.add_argument(
-            "--runtime", required=True, choices=RUNTIMES + CDI_RUNTIMES, help="the container runtime to set up"
-        )
-        cmd.add_argument("--config", metavar="PATH", type=Path, help=where)
-        cmd.add_argument(
-            "--cdi-spec",
-            metavar="PATH",
-            type=Path,
-            default=Path(DEFAULT_SPEC),
-            help=f"docker, podman: the CDI spec file (default {DEFAULT_SPEC})",
-        )
-        cmd.add_argument(
-            "--unit-dir",
-            metavar="DIR",
-            type=Path,
-            default=Path(UNIT_DIR),
-            help=f"docker, podman: where the systemd units that rewrite the spec go (default {UNIT_DIR})",
-        )
-        if name == "install":
-            cmd.add_argument("--socket", metavar="PATH", help="NRI socket the runtime should listen on")
-            cmd.add_argument(
-                "--runtime-version",
-                metavar="VERSION",
-                help="the runtime's release (default: asked from its binary on PATH); containerd >= 2.2 and "
-                "CRI-O >= 1.34 also get the NRI default validator set to require the plugin; Docker < 28.2 gets "
-                '"features": {"cdi": true}',
-            )
-            cdi = cmd.add_argument_group("docker, podman: the CDI spec (as nri-gpu cdi generate writes it)")
-            cdi.add_argument("--hook-path", metavar="PATH", help="absolute path of nri-gpu on the host")
-            cdi.add_argument(
-                "--allow-untrusted-hook",
-                action="store_true",
-                help="INSECURE: write the spec even when users other than root can change the hook's files",
-            )
-            cdi.add_argument("--capabilities", metavar="LIST", help="driver capabilities (default utility,compute)")
-            cdi.add_argument(
-                "--no-unit",
-                action="store_true",
-                help="no systemd units (nri-gpu-cdi.service and .path: the spec rewritten at boot and when the "
-                "driver changes); for a node whose nri-gpu run keeps the spec ([cdi] spec)",
-            )
-            for root in ("driver", "dev", "proc", "host"):
-                cdi.add_argument(f"--{root}-root", metavar="DIR", help="as for nri-gpu cdi generate")
-            cmd.add_argument(
-                "--plugin-name",
-                default=DEFAULT_NAME,
-                metavar="NAME",
-                help=f"the plugin name the runtime is to require (default {DEFAULT_NAME}; the plugin's name setting)",
-            )
-            closed = cmd.add_mutually_exclusive_group()
-            closed.add_argument(
-                "--fail-closed",
-                action="store_true",
-                help="containerd >= 2.2, CRI-O >= 1.34: set the NRI default validator to require the plugin, so "
-                "that no container is created while it is away (every container of the node: tolerate system "
-                "pods first, README 'Fail-closed')",
-            )
-            closed.add_argument(
-                "--no-fail-closed",
-                action="store_true",
-                help="do not set up the default validator (the default)",
-            )
-        cmd.add_argument("--dry-run", action="store_true", help="print the diff; write nothing")
-        cmd.add_argument("--restart", action="store_true", help="run systemctl restart for the runtime afterwards")
+    target = argparse.ArgumentParser(add_help=False)
+    target.add_argument(
+        "--runtime", required=True, choices=RUNTIMES + CDI_RUNTIMES, help="the container runtime to set up"
+    )
+    target.add_argument("--config", metavar="PATH", type=Path, help=where)
+    target.add_argument(
+        "--cdi-spec",
+        metavar="PATH",
+        type=Path,
+        default=Path(DEFAULT_SPEC),
+        help=f"docker, podman: the CDI spec file (default {DEFAULT_SPEC})",
+    )
+    target.add_argument(
+        "--unit-dir",
+        metavar="DIR",
+        type=Path,
+        default=Path(UNIT_DIR),
+        help=f"docker, podman: where the systemd units that rewrite the spec go (default {UNIT_DIR})",
+    )
+    target.add_argument("--dry-run", action="store_true", help="print the diff; write nothing")
+    target.add_argument("--restart", action="store_true", help="run systemctl restart for the runtime afterwards")
+    return target
+
+
+def _config_default(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``config default``: the annotated config file."""
+    sys.stdout.write(default_config())
+    return 0
 
 
 def _report(result: Result, dry_run: bool) -> None:
@@ -280,12 +290,8 @@ def _cdi_runtime(args: argparse.Namespace) -> SpecResult | None:
     return result
 
 
-def main(args: argparse.Namespace) -> int:
-    if args.command == "config":
-        sys.stdout.write(default_config())
-        return 0
-    if args.command == node_setup.COMMAND:
-        return node_setup.main(args)
+def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``install`` and ``uninstall``: NRI in containerd's or CRI-O's config, a CDI spec for Docker and podman."""
     if args.runtime in CDI_RUNTIMES:
         return _main_cdi(args)
     try:
