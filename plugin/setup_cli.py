@@ -13,7 +13,7 @@ import argparse
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -292,48 +292,46 @@ def _cdi_runtime(args: argparse.Namespace) -> SpecResult | None:
 
 def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """``install`` and ``uninstall``: NRI in containerd's or CRI-O's config, a CDI spec for Docker and podman."""
-    if args.runtime in CDI_RUNTIMES:
-        return _main_cdi(args)
-    try:
-        if args.command == "install":
-            fail_closed, why = _fail_closed(args)
-            result = install(args.runtime, args.config, args.socket, args.dry_run, fail_closed)
-            result.messages.append(why)
-        else:
-            result = uninstall(args.runtime, args.config, args.dry_run)
-    except (SetupError, FileRefused) as exc:
-        print(f"nri-gpu: refused: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"nri-gpu: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
-        return 1
-    _report(result, args.dry_run)
-    if args.dry_run:
-        print("dry run: nothing written")
-        return 0
-    if not result.changed:
-        return 0
-    return _restart(args, "Restart the runtime for this to take effect")
-
-
-def _main_cdi(args: argparse.Namespace) -> int:
-    if args.command == "install" and (args.socket is not None or args.fail_closed):
+    if args.runtime in CDI_RUNTIMES and args.command == "install" and (args.socket is not None or args.fail_closed):
         print("nri-gpu: --socket and --fail-closed are for containerd and CRI-O (NRI)", file=sys.stderr)
         return 2
-    try:
-        result = _cdi_runtime(args)
-    except (SetupError, FileRefused) as exc:
-        print(f"nri-gpu: refused: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"nri-gpu: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
-        return 1
+    result = _refusable(_cdi_runtime if args.runtime in CDI_RUNTIMES else _nri_runtime, args)
     if result is None:
         return 1
     _report(result, args.dry_run)
     if args.dry_run:
         print("dry run: nothing written")
         return 0
+    if isinstance(result, SpecResult):
+        return _after_cdi(args, result)
+    if not result.changed:
+        return 0
+    return _restart(args, "Restart the runtime for this to take effect")
+
+
+def _refusable(edit: Callable[[argparse.Namespace], Result | None], args: argparse.Namespace) -> Result | None:
+    """``edit(args)``; None when it was refused, the reason printed."""
+    try:
+        return edit(args)
+    except (SetupError, FileRefused) as exc:
+        print(f"nri-gpu: refused: {exc}", file=sys.stderr)
+    except OSError as exc:
+        print(f"nri-gpu: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
+    return None
+
+
+def _nri_runtime(args: argparse.Namespace) -> Result:
+    """install/uninstall for containerd and CRI-O."""
+    if args.command == "uninstall":
+        return uninstall(args.runtime, args.config, args.dry_run)
+    fail_closed, why = _fail_closed(args)
+    result = install(args.runtime, args.config, args.socket, args.dry_run, fail_closed)
+    result.messages.append(why)
+    return result
+
+
+def _after_cdi(args: argparse.Namespace, result: SpecResult) -> int:
+    """The units enabled (or the command shown) and Docker restarted, as the change needs."""
     if result.units_changed:
         if not args.restart:
             print("Enable the units: " + " && ".join(" ".join(c) for c in enable_command()))
