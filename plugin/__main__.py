@@ -41,7 +41,7 @@ from plugin.config import (
 from plugin.errors import RegistrationError
 from plugin.handlers import GpuPlugin
 from plugin.httpd import StatusServer, stub_health
-from plugin.logfmt import make_formatter
+from plugin.logfmt import DEFAULT_LOG_FORMAT, LOG_FORMATS, make_formatter
 from plugin.metrics import PluginMetrics
 from plugin.stub import Stub
 
@@ -66,7 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--index", metavar="NN", help=f"two-digit plugin index, the order among plugins (default {DEFAULT_INDEX})"
     )
-    run.add_argument("--log-format", choices=("text", "json"), help="log lines as text or JSON objects (default text)")
+    run.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        help=f"log lines as text or JSON objects (default {DEFAULT_LOG_FORMAT})",
+    )
     run.add_argument(
         "--metrics-address",
         metavar="HOST:PORT",

@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from plugin.logfmt import DEFAULT_LOG_LEVEL, LOG_LEVELS
+
 __all__ = ["DEFAULT_CONFIG_FILE", "cdi_hook", "node_config", "roots"]
 
 # The node's config file: read by run, info, plan and cdi generate (and install's spec) when it exists.
@@ -38,7 +40,7 @@ def node_config() -> argparse.ArgumentParser:
         type=Path,
         help=f"TOML config file; flags override it (default {DEFAULT_CONFIG_FILE}, if it exists)",
     )
-    parent.add_argument("--log-level", choices=("debug", "info", "warning", "error"), help="default info")
+    parent.add_argument("--log-level", choices=LOG_LEVELS, help=f"default {DEFAULT_LOG_LEVEL}")
     return parent
 
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from engine.config import EngineConfig, EngineConfigError, from_tables
+from plugin.logfmt import DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL, LOG_FORMATS, LOG_LEVELS
 
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 DEFAULT_NAME = "nri-gpu"
@@ -25,8 +26,6 @@ DEFAULT_INDEX = "10"
 # The runtime's own rules (NRI v0.12 enforces the name set; every version the index).
 _NAME_RE = re.compile(r"[A-Za-z0-9._+-]+")
 _INDEX_RE = re.compile(r"[0-9]{2}")
-_LOG_LEVELS = ("debug", "info", "warning", "error")
-_LOG_FORMATS = ("text", "json")
 DEFAULT_METRICS_ADDRESS = "127.0.0.1:9402"
 _PORT_RE = re.compile(r"[0-9]{1,5}")
 
@@ -40,12 +39,12 @@ class PluginConfig:
     socket: str = DEFAULT_SOCKET
     name: str = DEFAULT_NAME
     index: str = DEFAULT_INDEX
-    log_level: str = "info"
+    log_level: str = DEFAULT_LOG_LEVEL
     # Seconds between reconnect attempts grow from the first to the last value.
     reconnect_min: float = 0.05
     reconnect_max: float = 0.25
     # "text" (one line per decision, words) or "json" (one object per line, with fields).
-    log_format: str = "text"
+    log_format: str = DEFAULT_LOG_FORMAT
     # host:port (or [v6]:port) of /healthz and /metrics; "" turns the server off.
     # Loopback by default: it answers anyone who can reach it, without authentication.
     metrics_address: str = DEFAULT_METRICS_ADDRESS
@@ -57,10 +56,10 @@ class PluginConfig:
             raise ConfigError(f"plugin.name: {self.name!r} must be letters, digits and . _ + - only")
         if not _INDEX_RE.fullmatch(self.index):
             raise ConfigError(f"plugin.index: {self.index!r} must be exactly two digits, e.g. '10'")
-        if self.log_level not in _LOG_LEVELS:
-            raise ConfigError(f"plugin.log_level: {self.log_level!r} is not one of {', '.join(_LOG_LEVELS)}")
-        if self.log_format not in _LOG_FORMATS:
-            raise ConfigError(f"plugin.log_format: {self.log_format!r} is not one of {', '.join(_LOG_FORMATS)}")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigError(f"plugin.log_level: {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"plugin.log_format: {self.log_format!r} is not one of {', '.join(LOG_FORMATS)}")
         if self.metrics_address:
             parse_address(self.metrics_address, key="plugin.metrics_address")
         if not 0 < self.reconnect_min <= self.reconnect_max:

@@ -12,6 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from plugin.config import DEFAULT_INDEX, DEFAULT_NAME, DEFAULT_SOCKET
+from plugin.logfmt import DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL, LOG_FORMATS, LOG_LEVELS
+
+# What each of logfmt's formats looks like (a KeyError here: a new format needs its words).
+_FORMAT_DOCS = {"text": "one line per decision, in words", "json": "one object per line, with fields"}
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,7 @@ OPTIONS: tuple[Option, ...] = (
         f'"{DEFAULT_INDEX}"',
         "Two-digit index: the order among NRI plugins (lower runs first).",
     ),
-    Option("plugin", "log_level", '"info"', "One of debug, info, warning, error."),
+    Option("plugin", "log_level", f'"{DEFAULT_LOG_LEVEL}"', f"One of {', '.join(LOG_LEVELS)}."),
     Option(
         "plugin",
         "reconnect_min",
@@ -62,8 +66,8 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "plugin",
         "log_format",
-        '"text"',
-        '"text" (one line per decision, in words) or "json" (one object per line, with fields).',
+        f'"{DEFAULT_LOG_FORMAT}"',
+        " or ".join(f'"{name}" ({_FORMAT_DOCS[name]})' for name in LOG_FORMATS) + ".",
     ),
     Option(
         "plugin",

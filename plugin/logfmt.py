@@ -21,9 +21,15 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
-LOG_FORMATS = ("text", "json")
+# The level names of ``plugin.log_level`` and ``--log-level``, quietest last. This
+# module is the one list of levels and formats: config validation, the command
+# line's choices, ``nri-gpu config default`` and the chart's checks read them here.
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_LOG_LEVEL = "info"
+DEFAULT_LOG_FORMAT = "text"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 EXTRA_KEY = "nri_gpu"
 # Keys the formatter owns; structured fields never overwrite them.
@@ -86,10 +92,17 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str, ensure_ascii=False).translate(_JSON_RAW_CONTROLS)
 
 
+_FORMATTERS: dict[str, Callable[[], logging.Formatter]] = {
+    "text": lambda: TextFormatter(TEXT_FORMAT),
+    "json": JsonFormatter,
+}
+# The names of ``plugin.log_format`` and ``--log-format``: exactly the formats there is a formatter for.
+LOG_FORMATS = tuple(_FORMATTERS)
+
+
 def make_formatter(log_format: str) -> logging.Formatter:
     """The formatter for ``plugin.log_format``; raises ValueError for an unknown one."""
-    if log_format == "json":
-        return JsonFormatter()
-    if log_format == "text":
-        return TextFormatter(TEXT_FORMAT)
-    raise ValueError(f"unknown log format {log_format!r} (known: {', '.join(LOG_FORMATS)})")
+    make = _FORMATTERS.get(log_format)
+    if make is None:
+        raise ValueError(f"unknown log format {log_format!r} (known: {', '.join(LOG_FORMATS)})")
+    return make()

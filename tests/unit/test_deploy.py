@@ -29,6 +29,7 @@ from plugin import node_setup
 from plugin.__main__ import build_parser
 from plugin.config import Settings, from_toml, parse_address
 from plugin.config_doc import OPTIONS
+from plugin.logfmt import DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL, LOG_FORMATS, LOG_LEVELS
 from tests.helm_render import TemplateError, load_chart, render_chart
 from tests.testbed import images, plugin_image
 
@@ -578,6 +579,28 @@ def test_chart_policy_values_are_the_config_files_policy_table() -> None:
     defaults = {o.key: tomllib.loads(f"v = {o.default}")["v"] for o in OPTIONS if o.table == "policy"}
     assert policy_from_mapping(defaults) == Policy()
     assert policy_from_mapping(values["policy"]) == SHIPPED_POLICY
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """``"`debug`, `info`, `warning` or `error`"`` -> the four names."""
+    return tuple(w for w in re.findall(r"[a-z]+", text) if w != "or")
+
+
+def test_chart_logging_values_name_logfmts_levels_and_formats() -> None:
+    """Levels and formats are listed once, in plugin.logfmt; the chart's defaults, the
+    comments beside them and its README's rows must name exactly those."""
+    values = load_chart(CHART).values["logging"]
+    assert (values["level"], values["format"]) == (DEFAULT_LOG_LEVEL, DEFAULT_LOG_FORMAT)
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    start = lines.index("logging:") + 1
+    block = lines[start:start + next(i for i, line in enumerate(lines[start:]) if not line.startswith("  "))]
+    # Each key's comment is the line above it.
+    comment = {line.split(":")[0].strip(): block[i - 1] for i, line in enumerate(block) if not line.lstrip().startswith("#")}
+    assert _names(comment["level"].lstrip(" #")) == LOG_LEVELS
+    assert _names(comment["format"].lstrip(" #")) == LOG_FORMATS
+    rows = {row.split("|")[1].strip(" `"): row.split("|")[3] for row in (CHART / "README.md").read_text().splitlines()
+            if row.startswith("| `logging.")}
+    assert (_names(rows["logging.level"]), _names(rows["logging.format"])) == (LOG_LEVELS, LOG_FORMATS)
 
 
 def test_chart_metadata_and_image() -> None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -7,6 +8,7 @@ import pytest
 
 from plugin.__main__ import build_parser, load_config
 from plugin.config import ConfigError, PluginConfig, from_toml, parse_address
+from plugin.logfmt import DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL, LOG_FORMATS, LOG_LEVELS, make_formatter
 
 
 def test_defaults_match_the_documented_ones() -> None:
@@ -208,3 +210,24 @@ def test_the_default_config_file_is_read_when_it_exists(tmp_path: Path, monkeypa
     default.write_text("[plugin]\nbogus = 1\n")
     with pytest.raises(ConfigError, match="bogus"):
         load_config(build_parser().parse_args(["run"]), {})
+
+
+def _choices(command: str, dest: str) -> tuple[str, ...]:
+    parser = build_parser()
+    (commands,) = [a for a in parser._actions if a.dest == "command"]
+    (action,) = [a for a in commands.choices[command]._actions if a.dest == dest]  # type: ignore[index]
+    return tuple(action.choices or ())
+
+
+def test_log_levels_and_formats_come_from_logfmt_alone() -> None:
+    """The config file, the flags and the formatter accept the same names: logfmt's."""
+    assert _choices("run", "log_level") == _choices("info", "log_level") == LOG_LEVELS
+    assert _choices("run", "log_format") == LOG_FORMATS
+    for name in LOG_FORMATS:
+        assert from_toml(f'[plugin]\nlog_format = "{name}"').plugin.log_format == name
+        assert isinstance(make_formatter(name), logging.Formatter)
+    for name in LOG_LEVELS:
+        assert from_toml(f'[plugin]\nlog_level = "{name}"').plugin.logging_level == logging.getLevelName(name.upper())
+    with pytest.raises(ConfigError, match="is not one of " + ", ".join(LOG_FORMATS)):
+        from_toml('[plugin]\nlog_format = "yaml"')
+    assert (PluginConfig().log_level, PluginConfig().log_format) == (DEFAULT_LOG_LEVEL, DEFAULT_LOG_FORMAT)
