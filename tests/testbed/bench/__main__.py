@@ -106,14 +106,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=_engine_versions(podman.VERSIONS),
         default=[podman.VERSION],
         metavar="V[,V]",
-        help=f"podman versions for the CDI part, of {','.join(podman.VERSIONS)} (default {podman.VERSION})",
+        help=f"podman versions for the CDI part, of {','.join(podman.VERSIONS)} (default {podman.VERSION}; '' for none)",
     )
     p.add_argument(
         "--docker",
         type=_engine_versions(docker.VERSIONS),
         default=list(docker.VERSIONS),
         metavar="V[,V]",
-        help=f"Docker versions for the CDI part (default {','.join(docker.VERSIONS)})",
+        help=f"Docker versions for the CDI part (default {','.join(docker.VERSIONS)}; '' for none)",
     )
     p.add_argument(
         "--cdi-only",
@@ -221,7 +221,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cdi(node: Any, workdir: Path, rng: random.Random, args: argparse.Namespace) -> dict[str, Any]:
-    _log(f"CDI: podman {', '.join(args.podman)}, Docker {', '.join(args.docker)}, {args.cdi_runs} rounds")
+    _log(
+        f"CDI: podman {', '.join(args.podman) or 'none'}, Docker {', '.join(args.docker) or 'none'}, "
+        f"{args.cdi_runs} rounds"
+    )
     versions = {"podman": args.podman, "docker": args.docker}
     return cdi.measure_cdi(
         node, workdir / "cdi", args.cdi_runs, versions=versions, rng=rng, say=_log, baseline=args.hook_baseline
