@@ -225,96 +225,114 @@ def test_a_plan_is_forgotten_when_its_container_is_removed_unstarted(node: SimNo
 # -- budgets: nothing slow on the event loop (docs/budgets.md) ------------------------------
 
 
-def _node_with_a_gpu_to_come(tmp_path: Path) -> tuple[SimNode, Path, Path, list[float]]:
+def _node_with_a_gpu_to_come(tmp_path: Path) -> tuple[SimNode, Path, Path]:
     """A 4-GPU node whose GPU 3 is hidden from procfs at first; (node, where its
-    folder is, where it is kept meanwhile, the delay of every discovery after the first)."""
+    folder is, where it is kept meanwhile)."""
     node = build_node(tmp_path / "node", gpus=4)
     folder = node.proc_root / "driver/nvidia/gpus" / node.gpus[3].bus_id
     kept = tmp_path / "kept"
     shutil.move(folder, kept)
-    return node, folder, kept, [0.0]
+    return node, folder, kept
 
 
-def _slow_cache(node: SimNode, delay: list[float]) -> InventoryCache:
-    """Checked at every request (interval 0); each discovery after the first sleeps ``delay[0]``."""
+def _gated_cache(node: SimNode) -> tuple[InventoryCache, threading.Event, threading.Event]:
+    """Checked at every request (interval 0); (the cache, ``go``, ``began``): each
+    discovery after the first sets ``began``, then hangs until ``go`` is set (as a
+    CUDA probe that takes its time)."""
     config = EngineConfig(driver_root=str(node.driver_root), dev_root=str(node.dev_root), proc_root=str(node.proc_root))
+    go, began = threading.Event(), threading.Event()
     takes: list[int] = []
 
     def take(c: EngineConfig) -> Inventory:
         if takes:
-            time.sleep(delay[0])
+            began.set()
+            go.wait(30)
         takes.append(1)
         return discover(c, cuda_version=lambda p: ("12.4", None))
 
-    return InventoryCache(config, interval=0, take=take)
+    return InventoryCache(config, interval=0, take=take), go, began
 
 
-async def _timed(call: Awaitable[Any]) -> tuple[float, Any]:
-    began = time.monotonic()
+async def _answer(call: Awaitable[Any]) -> Any:
+    """The reply, or the StatusError the runtime got instead (its 2 s deadline included)."""
     try:
-        result = await call
+        return await call
     except StatusError as exc:
-        result = exc
-    return time.monotonic() - began, result
+        return exc
+
+
+async def _until(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "never happened"
+        await asyncio.sleep(0.005)
 
 
 def test_a_slow_discovery_never_holds_up_create_container(tmp_path: Path) -> None:
-    """A driver change makes the inventory be taken again, here in 4 s (a CUDA probe
-    timing out): meanwhile CreateContainer answers at once from the old inventory, and
-    a request for the GPU only the new one has waits a bounded time, then is refused
-    with the reason, before the runtime's 2 s deadline. Once the new inventory is in,
+    """A driver change makes the inventory be taken again, here by a discovery that
+    hangs until the test lets it finish (a CUDA probe timing out): meanwhile
+    CreateContainer answers from the old inventory, and a request for the GPU only
+    the new one has waits a bounded time, then is refused with the reason, within
+    the runtime's 2 s deadline (the fake runtime's). Once the new inventory is in,
     the GPU is given. (Before: the first request after the change ran the whole
     discovery on the event loop and missed the deadline: the runtime drops the plugin.)"""
-    node, folder, kept, delay = _node_with_a_gpu_to_come(tmp_path)
-    plugin = gpu_plugin_on(node, _slow_cache(node, delay))
+    node, folder, kept = _node_with_a_gpu_to_come(tmp_path)
+    cache, go, began = _gated_cache(node)
+    plugin = gpu_plugin_on(node, cache)
     p = pod("train", "ml", annotations={"nvidia.com/gpus": "0"})
     three = pod("three", "ml", annotations={"nvidia.com/gpus": "3"})
 
     async def body(rt: FakeRuntime, stub: Stub) -> None:
-        took, reply = await _timed(rt.create_container(p, container("a")))
-        assert not isinstance(reply, StatusError) and took < 0.5
-        shutil.move(kept, folder)  # GPU 3 appears: the next check starts a 4 s discovery
-        delay[0] = 4.0
-        changed = time.monotonic()
+        reply = await _answer(rt.create_container(p, container("a")))
+        assert not isinstance(reply, StatusError), reply
+        shutil.move(kept, folder)  # GPU 3 appears: the next check starts a discovery that hangs
         for name in ("b", "c", "d"):
-            took, reply = await _timed(rt.create_container(p, container(name)))
+            reply = await _answer(rt.create_container(p, container(name)))
             assert not isinstance(reply, StatusError), reply
-            assert took < 0.5, f"CreateContainer took {took:.2f} s while the inventory was taken again"
-        took, refused = await _timed(rt.create_container(three, container("early")))
+        assert await asyncio.to_thread(began.wait, 5), "no discovery was started"
+        assert not go.is_set()  # so b, c and d were answered while it hung
+        refused = await _answer(rt.create_container(three, container("early")))
         assert isinstance(refused, StatusError), refused
         assert "GPU 3 does not exist; this node has 3 GPUs" in refused.message
         assert "being taken again" in refused.message and "try again" in refused.message
-        assert 1.0 < took < 2.0, f"refused after {took:.2f} s"
-        took, reply = await _timed(rt.create_container(p, container("e")))
-        assert not isinstance(reply, StatusError) and took < 0.5
-        await asyncio.sleep(max(0.0, changed + 4.5 - time.monotonic()))
-        took, given = await _timed(rt.create_container(three, container("late")))
+        reply = await _answer(rt.create_container(p, container("e")))
+        assert not isinstance(reply, StatusError), reply
+        go.set()
+        await _until(lambda: len(cache.current.gpus) == 4)
+        given = await _answer(rt.create_container(three, container("late")))
         assert not isinstance(given, StatusError), given
-        assert took < 0.5
         assert [d.path for d in given.adjust.linux.devices if d.path[11:].isdigit()] == [
             f"/dev/nvidia{node.gpus[3].minor}"
         ]
 
-    asyncio.run(connected(plugin, body))
+    try:
+        asyncio.run(connected(plugin, body))
+    finally:
+        go.set()
 
 
 def test_a_request_for_a_gpu_a_quick_refresh_brings_waits_for_it(tmp_path: Path) -> None:
-    node, folder, kept, delay = _node_with_a_gpu_to_come(tmp_path)
-    plugin = gpu_plugin_on(node, _slow_cache(node, delay))
+    node, folder, kept = _node_with_a_gpu_to_come(tmp_path)
+    cache, go, began = _gated_cache(node)
+    plugin = gpu_plugin_on(node, cache)
     three = pod("three", "ml", annotations={"nvidia.com/gpus": "3"})
 
     async def body(rt: FakeRuntime, stub: Stub) -> None:
         shutil.move(kept, folder)
-        delay[0] = 0.3
-        took, given = await _timed(rt.create_container(three, container("main")))
+        asked = asyncio.ensure_future(_answer(rt.create_container(three, container("main"))))
+        assert await asyncio.to_thread(began.wait, 5), "no discovery was started"
+        go.set()  # only now can the new inventory, the only one with GPU 3, be complete
+        given = await asyncio.wait_for(asked, 5)
         assert not isinstance(given, StatusError), given
-        assert 0.3 <= took < 1.5
-        # A GPU that no refresh brings is refused at once after that one.
-        took, refused = await _timed(rt.create_container(pod("x", annotations={"nvidia.com/gpus": "7"}), container()))
+        # A GPU that no refresh brings is refused at once after that one: no new wait.
+        refused = await _answer(rt.create_container(pod("x", annotations={"nvidia.com/gpus": "7"}), container()))
         assert isinstance(refused, StatusError) and "GPU 7 does not exist; this node has 4 GPUs" in refused.message
-        assert took < 0.5
+        assert "being taken again" not in refused.message
 
-    asyncio.run(connected(plugin, body))
+    try:
+        asyncio.run(connected(plugin, body))
+    finally:
+        go.set()
 
 
 def gpu_plugin_on(node: SimNode, cache: InventoryCache) -> GpuPlugin:
@@ -343,19 +361,23 @@ def test_synchronize_answers_in_time_when_a_containers_view_check_hangs(
             release.wait(30)  # hangs in the kernel, as far as the plugin can tell
         return pid != 101
 
-    synced_in: list[float] = []
+    synced: list[bool] = []
 
     async def body(rt: FakeRuntime, stub: Stub) -> None:
-        synced_in.append(time.monotonic())
+        synced.append(True)
 
-    began = time.monotonic()
-    with caplog.at_level("DEBUG", logger="plugin.handlers"):
-        rt = asyncio.run(
-            connected(gpu_plugin(node, lambda *a, **k: None, view_check=view_check), body, pods=[p], containers=running)
-        )
-    release.set()
-    assert rt.errors == [] and synced_in, "the runtime dropped the plugin"
-    assert synced_in[0] - began < 2.0
+    # The fake runtime gives Synchronize its 2 s, as a real one does, and drops the
+    # plugin (an error, and ``body`` never runs) when the answer comes later.
+    try:
+        with caplog.at_level("DEBUG", logger="plugin.handlers"):
+            rt = asyncio.run(
+                connected(
+                    gpu_plugin(node, lambda *a, **k: None, view_check=view_check), body, pods=[p], containers=running
+                )
+            )
+    finally:
+        release.set()
+    assert rt.errors == [] and synced, "the runtime dropped the plugin"
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any('container "c1" in pod "ml/train" runs half equipped' in m for m in warned), warned
     assert any("2 of 4 running GPU containers not checked for their start work: out of time" in m for m in warned)
