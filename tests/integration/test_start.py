@@ -680,14 +680,20 @@ def test_ldconfig_whose_worker_dies_as_it_changes_uid_does_not_run_orphaned(
     def set_ids(uid: int, gid: int) -> None:  # in the ldconfig process
         real_set_ids(uid, gid)
         told[0] = 1
-        time.sleep(0.5)  # the worker is killed meanwhile
+        deadline = time.monotonic() + 5
+        while told[0] != 2 and time.monotonic() < deadline:
+            time.sleep(0.005)  # until the test has killed the worker and it is gone
 
     def kill_the_worker() -> None:
         deadline = time.monotonic() + 5
         while not told[0] and time.monotonic() < deadline:
             time.sleep(0.005)
         if told[0]:
+            pidfd = os.pidfd_open(workers[0])
             os.kill(workers[0], signal.SIGKILL)
+            select.select([pidfd], [], [], 5)  # it has exited (not necessarily reaped)
+            os.close(pidfd)
+            told[0] = 2
 
     monkeypatch.setattr(runner, "_spawn", spawn)
     monkeypatch.setattr(syscalls, "set_ids", set_ids)
@@ -712,7 +718,9 @@ def test_cancelling_the_async_call_kills_the_worker(
 
     async def cancel() -> None:
         task = asyncio.ensure_future(run_start_async(c.pid, rebuild, ldconfig=str(sleeper), timeout=5))
-        await asyncio.sleep(0.3)
+        while not _running(sleeper):  # the worker waits on the hanging ldconfig
+            assert not task.done(), task
+            await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

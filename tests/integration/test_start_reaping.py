@@ -26,6 +26,7 @@ from engine.model import Plan
 from engine.start import StartWork, run_start_async, runner
 from tests.integration.test_start import (  # noqa: F401  (fixtures)
     _cannot_run,
+    _running,
     children,
     gcc,
     gpu_container,
@@ -79,6 +80,15 @@ def test_a_killed_worker_that_cannot_die_yet_does_not_stop_the_loop(
     def _zombie_children() -> list[int]:
         return [pid for pid in children(zombies=True) if pid not in other_zombies]
 
+    reaping: list[asyncio.Future[int | None]] = []
+    reap_later = runner._reap_later
+
+    def recorded(loop: asyncio.AbstractEventLoop, child: int) -> asyncio.Future[int | None]:
+        reaping.append(reap_later(loop, child))
+        return reaping[-1]
+
+    monkeypatch.setattr(runner, "_reap_later", recorded)
+
     def thaw() -> None:
         (freezer / "freezer.state").write_text("THAWED")
         thawed.set()
@@ -95,7 +105,8 @@ def test_a_killed_worker_that_cannot_die_yet_does_not_stop_the_loop(
                 last = now
 
         async def freeze_the_worker() -> None:
-            await asyncio.sleep(0.3)  # it is waiting on the hanging ldconfig by now
+            while not _running(sleeper):  # until it waits on the hanging ldconfig
+                await asyncio.sleep(0.01)
             (worker,) = _workers()
             (freezer / "cgroup.procs").write_text(str(worker))
             (freezer / "freezer.state").write_text("FROZEN")
@@ -110,11 +121,9 @@ def test_a_killed_worker_that_cannot_die_yet_does_not_stop_the_loop(
         await frozen
         assert not thawed.is_set()
         assert _workers(), "the killed worker should still be there, frozen"
-        await asyncio.sleep(THAW_AFTER_S)  # the loop reaps it once the group is thawed
-        for _ in range(100):
-            if not _workers() and not _zombie_children():
-                break
-            await asyncio.sleep(0.02)
+        # The loop reaps it once the group is thawed: its pidfd turns readable.
+        await asyncio.wait_for(asyncio.gather(*reaping), THAW_AFTER_S + 5)
+        assert thawed.is_set()
         tick.cancel()
         return answered, max(gaps), time.monotonic() - began
 
@@ -145,7 +154,9 @@ def test_the_worker_holds_none_of_the_plugins_descriptors(
 
     async def main() -> list[str]:
         started = asyncio.ensure_future(run_start_async(c.pid, rebuild, ldconfig=str(sleeper), timeout=1.5))
-        await asyncio.sleep(0.4)  # the worker waits on the hanging ldconfig by now
+        while not _running(sleeper):  # until the worker waits on the hanging ldconfig
+            assert not started.done(), started
+            await asyncio.sleep(0.01)
         (worker,) = [pid for pid in children(zombies=False) if pid not in others]
         held = sorted(os.readlink(f"/proc/{worker}/fd/{fd}") for fd in os.listdir(f"/proc/{worker}/fd"))
         started.cancel()
