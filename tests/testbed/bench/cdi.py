@@ -9,8 +9,8 @@ nvidia.com/gpu=0`` against the same run without it, measured side by side:
   ``tests.testbed.docker``), each where it can be set up here (a reason is
   recorded for one that cannot), with the glibc image and ``true``;
 * the hook is installed as the README installs it (``pip install`` of this
-  checkout into a fresh venv: files copied, ``.pyc`` compiled), not the
-  checkout's editable install, and the spec names it;
+  checkout and its dependencies into a fresh venv: files copied, ``.pyc``
+  compiled), not the checkout's editable install, and the spec names it;
 * every round runs each (engine, variant) once, plus the hook alone, in a
   shuffled order, so that other work on the machine falls on every variant
   alike;
@@ -35,6 +35,8 @@ nvidia.com/gpu=0`` against the same run without it, measured side by side:
   one run of the hook beforehand), in the order it imported them. So:
   interpreter - /bin/true is Python's start and exit, imports - interpreter the
   imports, hook - imports the work (arguments, discovery, plan, start work).
+  With ``baseline`` (``--hook-baseline REV``), the hook as git revision REV
+  installs it runs too, interleaved: a before/after on one machine state.
 
 The target (issue 15): a GPU container's ``run --rm`` p50 at most 30 ms over a
 plain one, through each engine.
@@ -73,8 +75,8 @@ __all__ = ["HookAlone", "generate_spec", "install_hook", "measure_cdi", "series"
 NOOP_KIND = "nri-gpu-bench.example/gpu"
 # The hook alone and the commands that split its time (HookAlone.commands).
 HOOK_PARTS = ("/bin/true", "interpreter", "imports", "hook")
+_BASELINE = "hook at the baseline revision"  # measure_cdi(baseline=REV)
 # Run by the hook's interpreter in place of its script: the hook, then the modules it holds.
-_BASELINE = "hook at the baseline revision"
 _LIST_MODULES = """
 import json, sys
 from plugin.entry import main
