@@ -7,7 +7,6 @@ import asyncio
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
@@ -22,14 +21,14 @@ def test_map_until_returns_what_is_done_by_the_deadline() -> None:
             release.wait(10)
         return n * 10
 
-    async def main() -> tuple[list[int], float]:
-        began = time.monotonic()
-        done = await map_until(check, [0, 1, 2, 3], 0.3, "test")
-        return done, time.monotonic() - began
+    async def main() -> list[int]:
+        return await map_until(check, [0, 1, 2, 3], 0.3, "test")
 
-    done, took = asyncio.run(main())
-    release.set()
-    assert done == [0, 10] and took < 1.0
+    try:
+        done = asyncio.run(main())
+    finally:
+        release.set()
+    assert done == [0, 10]  # had it waited for 2 (released only now), 2 and 3 would be in
 
 
 def test_in_thread_hands_the_exception_to_the_loop() -> None:
@@ -52,7 +51,5 @@ def test_a_thread_stuck_for_good_does_not_keep_the_process_from_exiting() -> Non
         "asyncio.run(map_until(lambda n: threading.Event().wait(), [1], 0.1, 'stuck'))\n"
         "print('returned')\n"
     )
-    began = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)  # else: hangs
     assert done.returncode == 0 and done.stdout == "returned\n", done.stderr
-    assert time.monotonic() - began < 5

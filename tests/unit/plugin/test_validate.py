@@ -7,7 +7,6 @@ the fake runtime stands in for their protocol."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -204,15 +203,18 @@ def test_validating_a_container_asking_for_nothing_is_cheap(node: SimNode) -> No
     env = [f"VAR{n}=value" for n in range(200)]
     req = api.ValidateContainerAdjustmentRequest(pod=pod("web"), container=container("nginx", env=env))
 
-    async def main() -> float:
-        began = time.perf_counter()
-        for _ in range(1000):
-            await plugin.validate_container_adjustment(req)
-        return time.perf_counter() - began
+    class NoInventory:
+        def __getattr__(self, name: str) -> object:
+            raise AssertionError(f"the inventory was asked for {name}")
 
-    took = asyncio.run(main())
+    plugin._inventory = NoInventory()  # type: ignore[assignment]
+
+    async def main() -> None:
+        for _ in range(3):
+            await plugin.validate_container_adjustment(req)
+
+    asyncio.run(main())  # what it costs: a benchmark's
     assert plugin._answered == {}
-    assert took < 1.0, f"{took * 1000:.1f} µs per validation"
 
 
 def test_an_older_runtime_without_validation_is_logged_as_info(
