@@ -1,7 +1,8 @@
 """Render a Helm chart the way ``helm template`` does, for the template subset our chart uses.
 
 There is no ``helm`` in Debian (bookworm, trixie or sid) and nothing else may be fetched,
-so the tests render deploy/helm/nri-gpu with this instead. It implements only what the
+so hack/gen-manifests (the plain manifests, ``tests.plain_manifests``) and the tests render
+deploy/helm/nri-gpu with this instead. It implements only what the
 chart's templates use, with Go text/template's and Sprig's semantics, and refuses
 everything else by name, so a template that strays from the subset fails the tests
 instead of rendering differently from Helm:
