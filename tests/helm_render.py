@@ -165,9 +165,20 @@ def _indent(width: Any, text: Any) -> str:
     return pad + go_string(text).replace("\n", "\n" + pad)
 
 
+class _GoQuoting(yaml.SafeDumper):
+    """Quotes as Helm's YAML encoder (go-yaml) does: a string that cannot stand plain,
+    such as "true", in double quotes, where PyYAML would choose single ones."""
+
+    def choose_scalar_style(self) -> str:
+        style: str = super().choose_scalar_style()
+        return '"' if style == "'" else style
+
+
 def _to_yaml(value: Any) -> str:
     # Helm: yaml.Marshal, then one trailing newline removed.
-    dumped: str = yaml.safe_dump(value, default_flow_style=False, sort_keys=True, allow_unicode=True)
+    dumped: str = yaml.dump(
+        value, Dumper=_GoQuoting, default_flow_style=False, sort_keys=True, allow_unicode=True
+    )
     return dumped.removesuffix("\n")
 
 

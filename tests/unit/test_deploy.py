@@ -633,13 +633,16 @@ def test_chart_metadata_and_image() -> None:
         ('{{ dir "/var/run/nri/nri.sock" }}', "/var/run/nri"),
         ('{{ if eq .Values.name "x" }}y{{ end }}{{ if eq .Values.name "z" }}n{{ end }}', "y"),
         ('{{- define "t" -}}\n[{{ .Values.name }}]\n{{- end }}{{ include "t" . | indent 2 }}', "  [x]"),
+        ("{{ toYaml .Values.strings }}", 'a: "true"\nb: "1"\nc: plain'),  # go-yaml's double quotes
     ],
-    ids=["trim", "if-else", "default", "toYaml-nindent", "quote-toJson-bool", "dir", "eq", "define-include"],
+    ids=["trim", "if-else", "default", "toYaml-nindent", "quote-toJson-bool", "dir", "eq", "define-include",
+         "toYaml-quoting"],
 )
 def test_renderer_follows_go_templates(template: str, expected: str) -> None:
     chart = load_chart(CHART)
     chart.templates = {"t.yaml": template}
-    values = {"on": True, "off": False, "empty": "", "name": "x", "list": ["a", "b"], "map": {"k": "v", "l": [1]}}
+    values = {"on": True, "off": False, "empty": "", "name": "x", "list": ["a", "b"], "map": {"k": "v", "l": [1]},
+              "strings": {"a": "true", "b": "1", "c": "plain"}}
     chart.values = values
     assert render_chart(chart, release="r", namespace="n")["t.yaml"] == expected
 
