@@ -1,7 +1,9 @@
 """The node-setup commands of ``nri-gpu``: ``config default``, ``install``, ``uninstall``
 and ``node-setup`` (the DaemonSet's init step, in ``plugin.node_setup``).
 
-``__main__`` adds them to its parser and hands their parsed arguments here.
+``__main__`` has ``add_commands`` add them to its parser; each names its handler here
+(``set_defaults(func=...)``), install and uninstall one per runtime kind (NRI's
+containerd and CRI-O, CDI's Docker and podman) behind one report and error path.
 Exit codes: 0 done (or nothing to do), 1 refused (the message names the file and
 key), 2 usage error. A runtime is restarted only with ``--restart``; otherwise the
 command to run is printed.
@@ -74,7 +76,7 @@ def add_commands(commands: Any) -> None:
         parents=[target, cdi, cli_args.roots()],
         help="turn on NRI in the runtime's config (keeps a backup for uninstall)",
     )
-    cmd.set_defaults(func=main)
+    cmd.set_defaults(func=_install)
     cmd.add_argument("--socket", metavar="PATH", help="NRI socket the runtime should listen on")
     cmd.add_argument(
         "--runtime-version",
@@ -107,7 +109,7 @@ def add_commands(commands: Any) -> None:
         "uninstall",
         parents=[target],
         help="undo what install changed (byte for byte when nothing else changed the file)",
-    ).set_defaults(func=main)
+    ).set_defaults(func=_uninstall)
 
 def _target() -> argparse.ArgumentParser:
     """What install and uninstall both take: the runtime, its files, --dry-run and --restart."""
@@ -263,14 +265,14 @@ def _units(args: argparse.Namespace, driver_root: str) -> Units | None:
     return Units(args.unit_dir, texts)
 
 
-def _cdi_runtime(args: argparse.Namespace) -> SpecResult | None:
-    """install/uninstall for Docker and podman (None: refused, the reason printed)."""
-    daemon = (args.config or Path(DAEMON_JSON)) if args.runtime == "docker" else None
-    if args.command == "uninstall":
-        enabled = enabled_links(args.unit_dir)  # disabled first: removed, they would dangle
-        if args.restart and not args.dry_run and enabled and _systemctl([disable_command()]) != 0:
-            return None
-        return uninstall_spec_runtime(args.cdi_spec, daemon, args.dry_run, args.unit_dir)
+def _daemon_json(args: argparse.Namespace) -> Path | None:
+    """Docker's daemon.json (podman has none)."""
+    return (args.config or Path(DAEMON_JSON)) if args.runtime == "docker" else None
+
+
+def _cdi_install(args: argparse.Namespace) -> SpecResult | None:
+    """install for Docker and podman: the spec, the units, features.cdi (None: refused, the reason printed)."""
+    daemon = _daemon_json(args)
     found = _spec(args, sys.argv[0] if sys.argv else "")
     if found is None:
         return None
@@ -290,12 +292,45 @@ def _cdi_runtime(args: argparse.Namespace) -> SpecResult | None:
     return result
 
 
-def main(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """``install`` and ``uninstall``: NRI in containerd's or CRI-O's config, a CDI spec for Docker and podman."""
-    if args.runtime in CDI_RUNTIMES and args.command == "install" and (args.socket is not None or args.fail_closed):
+def _cdi_uninstall(args: argparse.Namespace) -> SpecResult | None:
+    """uninstall for Docker and podman (None: the units could not be disabled, the reason printed)."""
+    enabled = enabled_links(args.unit_dir)  # disabled first: removed, they would dangle
+    if args.restart and not args.dry_run and enabled and _systemctl([disable_command()]) != 0:
+        return None
+    return uninstall_spec_runtime(args.cdi_spec, _daemon_json(args), args.dry_run, args.unit_dir)
+
+
+def _nri_install(args: argparse.Namespace) -> Result:
+    """install for containerd and CRI-O."""
+    fail_closed, why = _fail_closed(args)
+    result = install(args.runtime, args.config, args.socket, args.dry_run, fail_closed)
+    result.messages.append(why)
+    return result
+
+
+def _nri_uninstall(args: argparse.Namespace) -> Result:
+    """uninstall for containerd and CRI-O."""
+    return uninstall(args.runtime, args.config, args.dry_run)
+
+
+def _install(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``install``: NRI in containerd's or CRI-O's config, a CDI spec for Docker and podman."""
+    if args.runtime not in CDI_RUNTIMES:
+        return _setup(args, _nri_install)
+    if args.socket is not None or args.fail_closed:
         print("nri-gpu: --socket and --fail-closed are for containerd and CRI-O (NRI)", file=sys.stderr)
         return 2
-    result = _refusable(_cdi_runtime if args.runtime in CDI_RUNTIMES else _nri_runtime, args)
+    return _setup(args, _cdi_install)
+
+
+def _uninstall(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
+    """``uninstall``: what install changed, undone."""
+    return _setup(args, _cdi_uninstall if args.runtime in CDI_RUNTIMES else _nri_uninstall)
+
+
+def _setup(args: argparse.Namespace, edit: Callable[[argparse.Namespace], Result | None]) -> int:
+    """Run ``edit``, report what it did and restart what its change needs."""
+    result = _refusable(edit, args)
     if result is None:
         return 1
     _report(result, args.dry_run)
@@ -318,16 +353,6 @@ def _refusable(edit: Callable[[argparse.Namespace], Result | None], args: argpar
     except OSError as exc:
         print(f"nri-gpu: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
     return None
-
-
-def _nri_runtime(args: argparse.Namespace) -> Result:
-    """install/uninstall for containerd and CRI-O."""
-    if args.command == "uninstall":
-        return uninstall(args.runtime, args.config, args.dry_run)
-    fail_closed, why = _fail_closed(args)
-    result = install(args.runtime, args.config, args.socket, args.dry_run, fail_closed)
-    result.messages.append(why)
-    return result
 
 
 def _after_cdi(args: argparse.Namespace, result: SpecResult) -> int:
