@@ -111,9 +111,10 @@ def assert_cdi_part(results: dict[str, Any], text: str, *, runs: int) -> None:
     cdi = results["cdi"]
     assert set(cdi["engines"]) | set(cdi["skipped"]) == {"podman 4.3.1", "docker 28.5.2"}, cdi["skipped"]
     for engine, result in cdi["engines"].items():
-        assert result["plain"]["n"] == result["gpu"]["n"] == result["gpu, no-op hook"]["n"] == runs, engine
+        variants = ("plain", "gpu", "gpu, no-op hook", "gpu, Python floor hook")
+        assert [result[v]["n"] for v in variants] == [runs] * 4, engine
         assert {"p50", "p90"} <= set(result["gpu"]) and "over_p50" in result and "over_p90" in result
-        assert "noop_hook_over_p50" in result
+        assert "noop_hook_over_p50" in result and "floor_hook_over_p50" in result
         assert f"| {engine}" in text
     alone = cdi["hook_alone"]
     assert [alone[part]["n"] for part in ("/bin/true", "interpreter", "imports", "hook")] == [runs] * 4

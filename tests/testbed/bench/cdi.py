@@ -17,7 +17,10 @@ nvidia.com/gpu=0`` against the same run without it, measured side by side:
 * a third variant, ``gpu, no-op hook``, asks for ``nri-gpu-bench.example/gpu=0``:
   the same spec under another kind, whose hook is ``/bin/true``. It splits the
   GPU's cost into the engine's (CDI injection, device nodes, mounts, running a
-  hook at all) and our hook's own;
+  hook at all) and our hook's own. A fourth, ``gpu, Python floor hook``
+  (``nri-gpu-floor.example/gpu=0``), runs as the hook our hook's interpreter
+  importing only what any Python start work needs (``FLOOR_IMPORTS``) and doing
+  nothing: what the least Python hook would cost;
 * **the hook alone**: the spec's hook command (path, argv, its env only, the OCI
   state on stdin) on a bundle whose ``linux.devices`` hold GPU 0 and the
   control nodes, the whole start work done (procfs view, links, ld.so.conf and
@@ -70,9 +73,12 @@ from tests.testbed.podman import Podman, SpecFolderTaken, shared_spec_path
 
 from .stats import percentile
 
-__all__ = ["HookAlone", "generate_spec", "install_hook", "measure_cdi", "series"]
+__all__ = ["HookAlone", "extra_specs", "generate_spec", "install_hook", "measure_cdi", "series"]
 
 NOOP_KIND = "nri-gpu-bench.example/gpu"
+FLOOR_KIND = "nri-gpu-floor.example/gpu"
+# The standard library a Python hook doing the start work cannot do without.
+FLOOR_IMPORTS = "import json, os, ctypes, struct, signal, stat, errno"
 # The hook alone and the commands that split its time (HookAlone.commands).
 HOOK_PARTS = ("/bin/true", "interpreter", "imports", "hook")
 _BASELINE = "hook at the baseline revision"  # measure_cdi(baseline=REV)
@@ -95,7 +101,10 @@ VARIANTS = {
     "plain": [],
     "gpu": ["--device", "nvidia.com/gpu=0"],
     "gpu, no-op hook": ["--device", f"{NOOP_KIND}=0"],
+    "gpu, Python floor hook": ["--device", f"{FLOOR_KIND}=0"],
 }
+# The specs generate_spec writes beside the real one, by kind: the file's suffix.
+_EXTRA_SPECS = {NOOP_KIND: "noop", FLOOR_KIND: "floor"}
 _MS_REC = 1 << 14
 _MS_BIND = 1 << 12
 _MS_PRIVATE = 1 << 18
@@ -160,8 +169,9 @@ def revision_tree(rev: str, out: Path) -> Path:
 
 def generate_spec(node: SimNode, hook: Path, output: Path) -> dict[str, Any]:
     """``nri-gpu cdi generate`` for ``node`` naming ``hook`` into ``output``, and
-    beside it (``<stem>-noop.json``) the same spec as kind NOOP_KIND with the hook
-    ``/bin/true``; the spec."""
+    beside it (``extra_specs``) the same spec as kind NOOP_KIND with the hook
+    ``/bin/true`` and as FLOOR_KIND with the hook's interpreter running
+    FLOOR_IMPORTS; the spec."""
     done = subprocess.run(
         [
             NRI_GPU,
@@ -181,12 +191,20 @@ def generate_spec(node: SimNode, hook: Path, output: Path) -> dict[str, Any]:
     if done.returncode != 0:
         raise RuntimeError(f"nri-gpu cdi generate failed: {done.stderr}")
     spec: dict[str, Any] = json.loads(output.read_text())
-    noop = json.loads(output.read_text())
-    noop["kind"] = NOOP_KIND
-    (hook_edit,) = noop["containerEdits"]["hooks"]
-    hook_edit.update(path="/bin/true", args=["true"])
-    output.with_name(f"{output.stem}-noop.json").write_text(json.dumps(noop, indent=2))
+    python = interpreter(str(hook)) or sys.executable
+    hooks = {NOOP_KIND: ["/bin/true", "true"], FLOOR_KIND: [python, python, "-c", FLOOR_IMPORTS]}
+    for kind, path in extra_specs(output).items():
+        other = json.loads(output.read_text())
+        other["kind"] = kind
+        (hook_edit,) = other["containerEdits"]["hooks"]
+        hook_edit.update(path=hooks[kind][0], args=hooks[kind][1:])
+        path.write_text(json.dumps(other, indent=2))
     return spec
+
+
+def extra_specs(output: Path) -> dict[str, Path]:
+    """Where generate_spec writes the specs of the other kinds, beside ``output``."""
+    return {kind: output.with_name(f"{output.stem}-{suffix}.json") for kind, suffix in _EXTRA_SPECS.items()}
 
 
 class HookAlone:
@@ -320,7 +338,8 @@ def _engines(
             # One spec for every podman: they all read /var/run/cdi (see tests.testbed.podman).
             try:
                 spec = stack.enter_context(shared_spec_path("bench-"))
-                stack.callback(spec.with_name(f"{spec.stem}-noop.json").unlink, missing_ok=True)
+                for extra in extra_specs(spec).values():
+                    stack.callback(extra.unlink, missing_ok=True)
                 generate_spec(node, hook, spec)
             except (SpecFolderTaken, RuntimeError, OSError) as exc:
                 for version in versions["podman"]:
@@ -386,13 +405,15 @@ def measure_cdi(
                 times.setdefault((engine, variant), []).append(took)
     engines: dict[str, dict[str, Any]] = {}
     for engine in runners:
-        plain, gpu, noop = (times[engine, v] for v in VARIANTS)
+        plain, gpu, noop, floor = (times[engine, v] for v in VARIANTS)
         engines[engine] = {
             **{v: series(times[engine, v]) for v in VARIANTS},
             "over_p50": round(percentile(gpu, 50) - percentile(plain, 50), 2),
             "over_p90": round(percentile(gpu, 90) - percentile(plain, 90), 2),
             # The GPU's cost without our hook's own: the engine's injection and a hook run.
             "noop_hook_over_p50": round(percentile(noop, 50) - percentile(plain, 50), 2),
+            # The least a Python hook costs (the engine's share included).
+            "floor_hook_over_p50": round(percentile(floor, 50) - percentile(plain, 50), 2),
         }
     p50 = {part: percentile(times["hook alone", part], 50) for part in parts}
     compared = {}

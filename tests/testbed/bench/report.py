@@ -384,13 +384,14 @@ def cdi_lines(result: dict[str, Any]) -> list[str]:
     lines = [
         f"`run --rm IMAGE true`, plain and with `--device nvidia.com/gpu=0`, {result['runs']} rounds "
         "(each round every engine and variant once, shuffled), ms; `gpu, no-op hook`: the same spec "
-        "with `/bin/true` as its hook (the engine's share of a GPU's cost):",
+        "with `/bin/true` as its hook (the engine's share of a GPU's cost); `gpu, Python floor hook`: with "
+        "a Python that imports the least start work needs and does nothing (the least a Python hook costs):",
         "",
     ]
     rows = []
     for engine, r in result["engines"].items():
         plain = r["plain"]["p50"]
-        for variant in ("plain", "gpu", "gpu, no-op hook"):
+        for variant in ("plain", "gpu", "gpu, no-op hook", "gpu, Python floor hook"):
             s = r[variant]
             over = s["p50"] - plain if variant != "plain" else None
             rows.append([engine, variant, s["n"], s["p50"], s["p90"], s["min"], s["max"], over])
