@@ -121,6 +121,8 @@ __all__ = [
     "DRIVER_VERSION",
     "DRM_MAJOR",
     "FABRIC_NODES",
+    "FIXTURE_DRIVER",
+    "FIXTURE_NO_DRIVER",
     "FS_MAJOR",
     "GDRDRV_MAJOR",
     "IMEX_MAJOR",
@@ -265,6 +267,12 @@ _BUS_IDS_16 = (
 MAX_GPUS = len(_BUS_IDS_16)
 
 MARKER = ".nri-gpu-simulated-node"
+# Driver roots of a few kilobytes, committed (tests/fixtures/node/make-driver): empty
+# libraries with the real SONAMEs and a real ldconfig's cache of them; the other, a
+# node without a driver. For unit tests that need a driver's layout, not its files:
+# ``build_node(driver_files=...)``.
+FIXTURE_DRIVER = Path(__file__).resolve().parent.parent / "fixtures" / "node" / "driver"
+FIXTURE_NO_DRIVER = FIXTURE_DRIVER.parent / "nodriver"
 
 
 @dataclass(frozen=True)
@@ -647,7 +655,7 @@ def _walk(tree: Path) -> Iterator[tuple[str, Path]]:
             yield path.relative_to(tree).as_posix(), path
 
 
-def _install_tree(tree: Path, dest: Path) -> None:
+def _install_tree(tree: Path, dest: Path, *, copy: bool = False) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for rel, src in _walk(tree):
         target = dest / rel
@@ -655,7 +663,7 @@ def _install_tree(tree: Path, dest: Path) -> None:
             _symlink(os.readlink(src), target)
         elif src.is_dir():
             target.mkdir(exist_ok=True)
-        elif rel in _PRIVATE or rel.startswith("etc/ld.so.conf.d/"):
+        elif copy or rel in _PRIVATE or rel.startswith("etc/ld.so.conf.d/"):
             if target.exists() or target.is_symlink():
                 target.unlink()
             shutil.copy2(src, target)
@@ -1063,6 +1071,7 @@ def build_node(
     without_cap_nodes: Sequence[int] = (),
     fabric: bool = False,
     drm: bool = True,
+    driver_files: Path | None = None,
 ) -> SimNode:
     """Build a simulated GPU node in ``root`` (created if missing) and describe it.
 
@@ -1086,7 +1095,10 @@ def build_node(
     the fabric and I/O device nodes (``FABRIC_NODES``), their majors in
     ``/proc/devices`` and GDS's ``etc/cufile.json`` and ``run/udev/data/``. ``drm``:
     nvidia-drm's ``/dev/dri`` nodes and by-path links (``SimNode.drm_nodes``); False: a
-    node where nvidia-drm is not loaded.
+    node where nvidia-drm is not loaded. ``driver_files``: the driver root to install
+    (copied) instead of NVIDIA's packages, ``FIXTURE_DRIVER`` (or ``FIXTURE_NO_DRIVER``
+    with ``driver=False``): nothing is downloaded (``mig`` with the simulated NVML
+    still builds it with gcc).
     """
     if nvml not in ("sim", "real"):
         raise ValueError(f"nvml must be 'sim' or 'real', not {nvml!r}")
@@ -1095,7 +1107,10 @@ def build_node(
     root = Path(root).absolute()
     root.mkdir(parents=True, exist_ok=True)
     driver_root = root / driver_subdir if driver_subdir else root
-    _install_tree(driver_tree() if driver else no_driver_tree(), driver_root)
+    if driver_files is not None:
+        _install_tree(driver_files, driver_root, copy=True)
+    else:
+        _install_tree(driver_tree() if driver else no_driver_tree(), driver_root)
     proc = root / "proc"
     _write_procfs(proc, sim_gpus, driver, fabric and driver)
     real = _write_dev(root / "dev", sim_gpus, driver, real_device_nodes)

@@ -22,14 +22,14 @@ from plugin.__main__ import load_config, main
 from plugin.cdi_conflicts import conflicts
 from plugin.cdi_keeper import SpecKeeper, WatchedInventory, keeper_for
 from plugin.config import CdiConfig, ConfigError, from_toml
-from tests.testbed.gpunode import SimNode, build_node
+from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 
 THEIRS_YAML = '---\ncdiVersion: 0.5.0\nkind: "nvidia.com/gpu"\ndevices:\n- name: "0"\n'
 
 
 @pytest.fixture
 def node(tmp_path: Path) -> SimNode:
-    return build_node(tmp_path / "node", gpus=1)
+    return build_node(tmp_path / "node", gpus=1, driver_files=FIXTURE_DRIVER)
 
 
 @pytest.fixture

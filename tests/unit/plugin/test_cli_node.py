@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from plugin.__main__ import main
-from tests.testbed.gpunode import SimNode, build_node
+from tests.testbed.gpunode import FIXTURE_DRIVER, FIXTURE_NO_DRIVER, SimNode, build_node
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
-    return build_node(tmp_path_factory.mktemp("cli-node"), gpus=4)
+    return build_node(tmp_path_factory.mktemp("cli-node"), gpus=4, driver_files=FIXTURE_DRIVER)
 
 
 def test_info_table_lists_gpus_in_bus_order_with_their_minors(
@@ -37,7 +37,7 @@ def test_info_json(node: SimNode, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_info_on_a_node_without_driver(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    bare = build_node(tmp_path, driver=False)
+    bare = build_node(tmp_path, driver=False, driver_files=FIXTURE_NO_DRIVER)
     assert main(["info", *bare.flags()], {}) == 0
     assert capsys.readouterr().out.startswith("No NVIDIA driver on this node: no GPUs.")
 
@@ -83,7 +83,7 @@ def test_plan_bad_flag_syntax(node: SimNode, capsys: pytest.CaptureFixture[str])
 def test_info_shows_the_mig_layout_and_plan_explains_a_mig_request(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    mig = build_node(tmp_path, gpus=2, mig={0: [(2, [0, 1]), (9, [])], 1: []})  # GPU 0 has minor 1
+    mig = build_node(tmp_path, gpus=2, mig={0: [(2, [0, 1]), (9, [])], 1: []}, driver_files=FIXTURE_DRIVER)  # GPU 0 has minor 1
     assert main(["info", *mig.flags()], {}) == 0
     out = capsys.readouterr().out
     assert "MIG instances of GPU minor 1: gi2(ci0,ci1) gi9(no CIs)\n" in out

@@ -26,13 +26,13 @@ from plugin.handlers import GpuPlugin
 from plugin.stub import Stub
 from plugin.ttrpc import StatusError
 from tests.fake_runtime import FakeRuntime, connected, container, pod
-from tests.testbed.gpunode import SimNode, build_node
+from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 from tests.unit.plugin.support import gpu_plugin
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
-    return build_node(tmp_path_factory.mktemp("node"), gpus=4)
+    return build_node(tmp_path_factory.mktemp("node"), gpus=4, driver_files=FIXTURE_DRIVER)
 
 
 def test_start_gets_the_pid_and_the_planned_work(node: SimNode) -> None:
@@ -228,7 +228,7 @@ def test_a_plan_is_forgotten_when_its_container_is_removed_unstarted(node: SimNo
 def _node_with_a_gpu_to_come(tmp_path: Path) -> tuple[SimNode, Path, Path]:
     """A 4-GPU node whose GPU 3 is hidden from procfs at first; (node, where its
     folder is, where it is kept meanwhile)."""
-    node = build_node(tmp_path / "node", gpus=4)
+    node = build_node(tmp_path / "node", gpus=4, driver_files=FIXTURE_DRIVER)
     folder = node.proc_root / "driver/nvidia/gpus" / node.gpus[3].bus_id
     kept = tmp_path / "kept"
     shutil.move(folder, kept)
@@ -421,7 +421,7 @@ MPS, PERSISTENCED = "/tmp/nvidia-mps", "/run/nvidia-persistenced/socket"
 @pytest.fixture
 def ipc_node(tmp_path: Path) -> Iterator[SimNode]:
     """A one-GPU node with a sticky /tmp, root's MPS folder and a listening persistenced socket."""
-    node = build_node(tmp_path / "node", gpus=1)
+    node = build_node(tmp_path / "node", gpus=1, driver_files=FIXTURE_DRIVER)
     root = node.driver_root
     (root / "tmp").mkdir(mode=0o755)
     os.chmod(root / "tmp", 0o1777)

@@ -19,14 +19,14 @@ from plugin.handlers import GpuPlugin
 from plugin.stub import Stub
 from plugin.ttrpc import StatusError
 from tests.fake_runtime import FakeRuntime, connected, container, pod
-from tests.testbed.gpunode import SimNode, build_node
+from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 
 LIBCUDA = "/usr/lib/x86_64-linux-gnu/libcuda.so.550.163.01"
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
-    return build_node(tmp_path_factory.mktemp("node"), gpus=4)
+    return build_node(tmp_path_factory.mktemp("node"), gpus=4, driver_files=FIXTURE_DRIVER)
 
 
 def plugin(node: SimNode, calls: list[StartWork], mode: str = "stand-aside") -> GpuPlugin:

@@ -12,7 +12,7 @@ from engine.config import EngineConfig
 from engine.discover import InventoryCache, discover
 from engine.model import Inventory
 from plugin.inventory import LiveInventory
-from tests.testbed.gpunode import build_node
+from tests.testbed.gpunode import FIXTURE_DRIVER, build_node
 
 
 def test_a_refresh_whose_thread_cannot_start_is_tried_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -21,7 +21,7 @@ def test_a_refresh_whose_thread_cannot_start_is_tried_again(tmp_path: Path, monk
     refresh again. (Before: the refresh was marked running before its thread
     started, so it stayed "running" for good: no refresh ever again, and every
     request for a missing GPU waited its whole budget for it.)"""
-    node = build_node(tmp_path, gpus=2)
+    node = build_node(tmp_path, gpus=2, driver_files=FIXTURE_DRIVER)
     config = EngineConfig(driver_root=str(node.driver_root), dev_root=str(node.dev_root), proc_root=str(node.proc_root))
 
     def take(c: EngineConfig) -> Inventory:
@@ -52,7 +52,7 @@ def test_a_refresh_that_outlived_a_whole_request_is_not_waited_for_again(
     the first request for a GPU the node lacks waits its budget for it, but the next
     ones must not each wait again: the runtime holds its node-wide lock for the whole
     call, so every such retry would stall every container creation of the node."""
-    node = build_node(tmp_path, gpus=2)
+    node = build_node(tmp_path, gpus=2, driver_files=FIXTURE_DRIVER)
     config = EngineConfig(driver_root=str(node.driver_root), dev_root=str(node.dev_root), proc_root=str(node.proc_root))
     cache = InventoryCache(config, interval=0, take=lambda c: discover(c, cuda_version=lambda p: ("12.4", None)))
     release = threading.Event()
@@ -83,7 +83,7 @@ def test_a_forced_refresh_takes_the_inventory_again_though_procfs_looks_the_same
     """A MIG instance destroyed and made again under the same ids keeps its procfs
     folders (same fingerprint) but gets a new MIG UUID from NVML: a request naming
     the new UUID asks for a forced refresh, which must run discovery again."""
-    node = build_node(tmp_path, gpus=2)
+    node = build_node(tmp_path, gpus=2, driver_files=FIXTURE_DRIVER)
     config = EngineConfig(driver_root=str(node.driver_root), dev_root=str(node.dev_root), proc_root=str(node.proc_root))
     taken: list[int] = []
 

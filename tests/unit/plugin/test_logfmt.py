@@ -16,7 +16,7 @@ from plugin.metrics import PluginMetrics
 from plugin.stub import Stub
 from plugin.ttrpc import StatusError
 from tests.fake_runtime import FakeRuntime, connected, container, pod
-from tests.testbed.gpunode import SimNode, build_node
+from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 from tests.unit.plugin.support import gpu_plugin
 
 
@@ -98,7 +98,7 @@ def test_text_format_indents_every_line_of_a_traceback() -> None:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
-    return build_node(tmp_path_factory.mktemp("node"), gpus=2)
+    return build_node(tmp_path_factory.mktemp("node"), gpus=2, driver_files=FIXTURE_DRIVER)
 
 
 def steps(metrics: PluginMetrics, step: str) -> float:

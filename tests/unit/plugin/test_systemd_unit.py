@@ -22,7 +22,7 @@ from plugin.docker_setup import DEFAULT_SPEC
 from plugin.hook_install import check_install
 from plugin.runtime_setup import SetupError
 from plugin.systemd_unit import PATH_UNIT, SERVICE, UNITS, exec_start, planned_units, unit_texts
-from tests.testbed.gpunode import SimNode, build_node
+from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 from tests.testbed.plugins import NRI_GPU
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "systemd"
@@ -44,7 +44,7 @@ def trusted_hook() -> str:
 
 @pytest.fixture
 def node(tmp_path: Path) -> SimNode:
-    return build_node(tmp_path / "node", gpus=2)
+    return build_node(tmp_path / "node", gpus=2, driver_files=FIXTURE_DRIVER)
 
 
 def _install(tmp_path: Path, node: SimNode, hook: str, *more: str) -> list[str]:

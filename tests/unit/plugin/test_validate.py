@@ -17,13 +17,13 @@ from plugin.adjustment import GPUS_ANNOTATION
 from plugin.events import Event
 from plugin.stub import Stub
 from tests.fake_runtime import FakeRuntime, connected, container, pod
-from tests.testbed.gpunode import SimNode, build_node
+from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 from tests.unit.plugin.support import gpu_plugin
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
-    return build_node(tmp_path_factory.mktemp("node"), gpus=2)
+    return build_node(tmp_path_factory.mktemp("node"), gpus=2, driver_files=FIXTURE_DRIVER)
 
 
 async def _starter(*args: Any, **kw: Any) -> None:
