@@ -28,7 +28,7 @@ from engine.model import (
 )
 from engine.plan import plan
 from engine.request import ByIndex, ByMigPlacement, GpuRequest, Selection
-from tests.testbed.gpunode import CAPS_MAJOR, SimNode, build_node, cap_minor
+from tests.testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, SimNode, build_node, cap_minor
 
 HOOK = hook_command("/usr/bin/nri-gpu", EngineConfig(), DEFAULT_CAPABILITIES)
 UUIDS = {
@@ -64,7 +64,7 @@ def with_nvml(inventory: Inventory, nvml: NvmlSnapshot | None) -> Inventory:
 
 @pytest.fixture(scope="module")
 def mig(tmp_path_factory: pytest.TempPathFactory) -> tuple[SimNode, EngineConfig, Inventory]:
-    sim = build_node(tmp_path_factory.mktemp("mig"), gpus=4, mig={2: [(2, [0, 1]), (3, [0])]})
+    sim = build_node(tmp_path_factory.mktemp("mig"), gpus=4, mig={2: [(2, [0, 1]), (3, [0])]}, driver_files=FIXTURE_DRIVER)
     config = EngineConfig(driver_root=str(sim.driver_root), dev_root=str(sim.dev_root), proc_root=str(sim.proc_root))
     inventory = discover(config, cuda_version=lambda path: ("12.4", None), nvml=_no_nvml)
     return sim, config, inventory
@@ -180,7 +180,7 @@ def test_nvml_devices_procfs_does_not_show_are_not_named(mig: tuple[SimNode, Eng
 
 
 def test_a_node_without_mig_has_no_warning(tmp_path: Path) -> None:
-    sim = build_node(tmp_path, gpus=2, mig={})
+    sim = build_node(tmp_path, gpus=2, mig={}, driver_files=FIXTURE_DRIVER)
     config = EngineConfig(driver_root=str(sim.driver_root), dev_root=str(sim.dev_root), proc_root=str(sim.proc_root))
     inventory = discover(config, cuda_version=lambda path: ("12.4", None), nvml=_no_nvml)
     assert spec_warnings(inventory) == ()

@@ -16,7 +16,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.discover import InventoryCache, discover, fingerprint
 from engine.model import Capability, DeviceKind, FileKind, Inventory
-from tests.testbed.gpunode import SimNode, build_node
+from tests.testbed.gpunode import FIXTURE_DRIVER, FIXTURE_NO_DRIVER, SimNode, build_node
 
 
 def config_for(node: SimNode) -> EngineConfig:
@@ -29,7 +29,7 @@ def no_cuda(path: str) -> tuple[str | None, str | None]:
 
 @pytest.fixture(scope="module")
 def four(tmp_path_factory: pytest.TempPathFactory) -> tuple[SimNode, Inventory]:
-    node = build_node(tmp_path_factory.mktemp("four"), gpus=4)
+    node = build_node(tmp_path_factory.mktemp("four"), gpus=4, driver_files=FIXTURE_DRIVER)
     return node, discover(config_for(node))  # the real CUDA probe, once
 
 
@@ -72,14 +72,14 @@ def test_binaries_and_firmware(four: tuple[SimNode, Inventory]) -> None:
 
 
 def test_node_without_a_driver_has_no_gpus_and_a_warning(tmp_path: Path) -> None:
-    node = build_node(tmp_path, driver=False)
+    node = build_node(tmp_path, driver=False, driver_files=FIXTURE_NO_DRIVER)
     inv = discover(config_for(node), cuda_version=no_cuda)
     assert not inv.has_driver and inv.gpus == () and inv.libraries == ()
     assert any("no NVIDIA driver" in w for w in inv.warnings)
 
 
 def test_gpu_operator_layout_reads_the_driver_root(tmp_path: Path) -> None:
-    node = build_node(tmp_path, gpus=2, driver_subdir="run/nvidia/driver")
+    node = build_node(tmp_path, gpus=2, driver_subdir="run/nvidia/driver", driver_files=FIXTURE_DRIVER)
     assert node.driver_root == tmp_path / "run/nvidia/driver"
     inv = discover(config_for(node), cuda_version=no_cuda)
     assert len(inv.gpus) == 2
@@ -87,14 +87,14 @@ def test_gpu_operator_layout_reads_the_driver_root(tmp_path: Path) -> None:
 
 
 def test_excluded_gpu_is_not_offered(tmp_path: Path) -> None:
-    node = build_node(tmp_path, gpus=4, excluded=[1])
+    node = build_node(tmp_path, gpus=4, excluded=[1], driver_files=FIXTURE_DRIVER)
     inv = discover(config_for(node), cuda_version=no_cuda)
     assert len(inv.gpus) == 3
     assert any("excluded" in w for w in inv.warnings)
 
 
 def test_missing_optional_pieces_are_warnings(tmp_path: Path) -> None:
-    node = build_node(tmp_path, gpus=2)
+    node = build_node(tmp_path, gpus=2, driver_files=FIXTURE_DRIVER)
     (node.dev_root / "dev/nvidia-modeset").unlink()
     (node.driver_root / "etc/ld.so.cache").unlink()
     inv = discover(config_for(node), cuda_version=no_cuda)
@@ -105,7 +105,7 @@ def test_missing_optional_pieces_are_warnings(tmp_path: Path) -> None:
 
 
 def test_malformed_gpu_information_skips_that_gpu(tmp_path: Path) -> None:
-    node = build_node(tmp_path, gpus=2)
+    node = build_node(tmp_path, gpus=2, driver_files=FIXTURE_DRIVER)
     bad = node.proc_root / "driver/nvidia/gpus" / node.gpus[0].bus_id / "information"
     bad.write_text("Model: broken\n")
     inv = discover(config_for(node), cuda_version=no_cuda)
@@ -114,7 +114,7 @@ def test_malformed_gpu_information_skips_that_gpu(tmp_path: Path) -> None:
 
 
 def test_inventory_is_taken_again_when_the_driver_changes(tmp_path: Path) -> None:
-    node = build_node(tmp_path, gpus=2)
+    node = build_node(tmp_path, gpus=2, driver_files=FIXTURE_DRIVER)
     config = config_for(node)
     now = [0.0]
     takes: list[int] = []
@@ -163,7 +163,7 @@ _SOCKETS: list[socket.socket] = []  # listening sockets a test made, closed afte
 
 @pytest.fixture
 def ipc_node(tmp_path: Path) -> Iterator[SimNode]:
-    node = build_node(tmp_path / "node", gpus=1)
+    node = build_node(tmp_path / "node", gpus=1, driver_files=FIXTURE_DRIVER)
     root = node.driver_root
     (root / "tmp").mkdir(mode=0o755)
     os.chmod(root / "tmp", 0o1777)  # the real /tmp: sticky, world-writable, root's
@@ -328,7 +328,7 @@ def test_a_planted_ipc_endpoint_is_skipped_with_a_warning(ipc_node: SimNode, cas
 
 
 def test_inventory_cache_current_reads_without_checking(tmp_path: Path) -> None:
-    node = build_node(tmp_path, gpus=2)
+    node = build_node(tmp_path, gpus=2, driver_files=FIXTURE_DRIVER)
     cache = InventoryCache(config_for(node), interval=0, take=lambda c: discover(c, cuda_version=no_cuda))
     shutil.rmtree(node.proc_root / "driver/nvidia/gpus" / node.gpus[1].bus_id)
     assert len(cache.current.gpus) == 2 and cache.interval == 0  # the loop's read: no procfs, no discovery
@@ -339,7 +339,7 @@ def test_a_discovery_that_failed_is_tried_again_at_the_next_check(tmp_path: Path
     """The refresh runs in a thread, where a failure is logged and the old inventory
     kept; the change must not be forgotten with it (before: the new fingerprint was
     kept, so the next check saw no change and the old inventory served for good)."""
-    node = build_node(tmp_path, gpus=2)
+    node = build_node(tmp_path, gpus=2, driver_files=FIXTURE_DRIVER)
     failing = [False]
 
     def take(c: EngineConfig) -> Inventory:
@@ -380,7 +380,7 @@ def no_nvml(path: str) -> tuple[None, str]:
 
 
 def mig_node(path: Path, spec: dict[int, list[tuple[int, list[int]]]] = MIG_SPEC) -> SimNode:
-    return build_node(path, gpus=4, model="NVIDIA A100-SXM4-40GB", mig=spec)
+    return build_node(path, gpus=4, model="NVIDIA A100-SXM4-40GB", mig=spec, driver_files=FIXTURE_DRIVER)
 
 
 def placements(layout: MigLayout) -> list[tuple[int, int, int | None, int]]:
@@ -421,7 +421,7 @@ def test_a_node_without_mig_folders_has_no_instances_and_no_warning(four: tuple[
 
 
 def test_no_capabilities_folder_at_all(tmp_path: Path) -> None:
-    node = build_node(tmp_path, gpus=1)
+    node = build_node(tmp_path, gpus=1, driver_files=FIXTURE_DRIVER)
     shutil.rmtree(node.proc_root / CAPS)
     inv = discover(config_for(node), cuda_version=no_cuda)
     assert inv.mig == MigLayout(caps_major=236) and inv.warnings == ()

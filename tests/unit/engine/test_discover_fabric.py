@@ -12,7 +12,7 @@ import pytest
 from engine.config import EngineConfig
 from engine.discover import FABRIC_LIMIT, discover, fingerprint
 from engine.model import DeviceKind, Inventory
-from tests.testbed.gpunode import FABRIC_NODES, FS_MAJOR, IMEX_MAJOR, SimNode, build_node
+from tests.testbed.gpunode import FABRIC_NODES, FIXTURE_DRIVER, FS_MAJOR, IMEX_MAJOR, SimNode, build_node
 
 
 def config_for(node: SimNode) -> EngineConfig:
@@ -29,7 +29,7 @@ def needs_root(node: SimNode) -> None:
 
 
 def test_the_simulated_fabric_is_found_with_its_numbers(tmp_path: Path) -> None:
-    node = build_node(tmp_path / "n", gpus=1, fabric=True)
+    node = build_node(tmp_path / "n", gpus=1, fabric=True, driver_files=FIXTURE_DRIVER)
     needs_root(node)
     fabric = take(node).fabric
     assert fabric.imex_major == IMEX_MAJOR and fabric.imex_channel_count == 2048
@@ -39,7 +39,7 @@ def test_the_simulated_fabric_is_found_with_its_numbers(tmp_path: Path) -> None:
 
 
 def test_the_default_node_has_no_fabric_nodes_and_no_gds_files(tmp_path: Path) -> None:
-    node = build_node(tmp_path / "n", gpus=1)
+    node = build_node(tmp_path / "n", gpus=1, driver_files=FIXTURE_DRIVER)
     (node.driver_root / "etc/cufile.json").write_text("{}")  # no nvidia-fs: not looked for
     fabric = take(node).fabric
     assert fabric.nodes == () and fabric.gds_files == ()
@@ -47,7 +47,7 @@ def test_the_default_node_has_no_fabric_nodes_and_no_gds_files(tmp_path: Path) -
 
 
 def test_links_and_regular_files_are_skipped_with_a_warning(tmp_path: Path) -> None:
-    node = build_node(tmp_path / "n", gpus=1, fabric=True)
+    node = build_node(tmp_path / "n", gpus=1, fabric=True, driver_files=FIXTURE_DRIVER)
     needs_root(node)
     dev = node.dev_root / "dev"
     (dev / "nvidia-fs20").symlink_to("nvidia0")  # a link to a GPU node: never followed
@@ -63,7 +63,7 @@ def test_links_and_regular_files_are_skipped_with_a_warning(tmp_path: Path) -> N
 
 
 def test_a_gds_file_that_is_a_link_resolves_inside_the_driver_root(tmp_path: Path) -> None:
-    node = build_node(tmp_path / "n", gpus=1, fabric=True)
+    node = build_node(tmp_path / "n", gpus=1, fabric=True, driver_files=FIXTURE_DRIVER)
     needs_root(node)
     cufile = node.driver_root / "etc/cufile.json"
     (node.driver_root / "etc/gds").mkdir()
@@ -76,7 +76,7 @@ def test_a_gds_file_that_is_a_link_resolves_inside_the_driver_root(tmp_path: Pat
 
 
 def test_nodes_of_a_kind_are_bounded(tmp_path: Path) -> None:
-    node = build_node(tmp_path / "n", gpus=1, fabric=True)
+    node = build_node(tmp_path / "n", gpus=1, fabric=True, driver_files=FIXTURE_DRIVER)
     needs_root(node)
     dev = node.dev_root / "dev"
     for n in range(16, FABRIC_LIMIT + 40):
@@ -89,7 +89,7 @@ def test_nodes_of_a_kind_are_bounded(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("value", ["-1", "lots", "99999999999", "1048577"])
 def test_a_bad_channel_count_is_unknown_with_a_warning(tmp_path: Path, value: str) -> None:
-    node = build_node(tmp_path / "n", gpus=1)
+    node = build_node(tmp_path / "n", gpus=1, driver_files=FIXTURE_DRIVER)
     params = node.proc_root / "driver/nvidia/params"
     params.chmod(0o644)
     params.write_text(params.read_text().replace("ImexChannelCount: 2048", f"ImexChannelCount: {value}"))
@@ -99,7 +99,7 @@ def test_a_bad_channel_count_is_unknown_with_a_warning(tmp_path: Path, value: st
 
 
 def test_a_driver_without_the_count_has_the_default(tmp_path: Path) -> None:
-    node = build_node(tmp_path / "n", gpus=1)
+    node = build_node(tmp_path / "n", gpus=1, driver_files=FIXTURE_DRIVER)
     params = node.proc_root / "driver/nvidia/params"
     params.chmod(0o644)
     params.write_text(params.read_text().replace("ImexChannelCount: 2048\n", ""))
@@ -107,7 +107,7 @@ def test_a_driver_without_the_count_has_the_default(tmp_path: Path) -> None:
 
 
 def test_the_fingerprint_changes_when_a_fabric_module_loads(tmp_path: Path) -> None:
-    node = build_node(tmp_path / "n", gpus=1, drm=False)
+    node = build_node(tmp_path / "n", gpus=1, drm=False, driver_files=FIXTURE_DRIVER)
     config = config_for(node)
     before = fingerprint(config)
     (node.dev_root / "dev/gdrdrv").write_text("")
@@ -116,7 +116,7 @@ def test_the_fingerprint_changes_when_a_fabric_module_loads(tmp_path: Path) -> N
 
 
 def test_the_fingerprint_changes_when_nvidia_drm_loads(tmp_path: Path) -> None:
-    node = build_node(tmp_path / "n", gpus=1, drm=False)
+    node = build_node(tmp_path / "n", gpus=1, drm=False, driver_files=FIXTURE_DRIVER)
     config = config_for(node)
     before = fingerprint(config)
     links = node.dev_root / "dev/dri/by-path"

@@ -16,14 +16,14 @@ from engine.model import Capability, Inventory, Plan
 from engine.plan import plan
 from engine.report import plan_to_dict
 from engine.request import ContainerInfo, parse_request
-from tests.testbed.gpunode import CAPS_MAJOR, SimNode, build_node, cap_minor
+from tests.testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, SimNode, build_node, cap_minor
 
 LIBCUDA = "/usr/lib/x86_64-linux-gnu/libcuda.so.550.163.01"
 
 
 class Node:
     def __init__(self, root: Path) -> None:
-        self.sim: SimNode = build_node(root, gpus=4, mig={2: [(2, [0, 1])]})
+        self.sim: SimNode = build_node(root, gpus=4, mig={2: [(2, [0, 1])]}, driver_files=FIXTURE_DRIVER)
         self.config = EngineConfig(
             driver_root=str(self.sim.driver_root), dev_root=str(self.sim.dev_root), proc_root=str(self.sim.proc_root)
         )

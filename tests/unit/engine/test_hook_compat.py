@@ -16,12 +16,12 @@ from engine.discover import discover
 from engine.model import DEFAULT_CAPABILITIES, Inventory
 from engine.start import actions
 from engine.start.work import StartReport, StartWork
-from tests.testbed.gpunode import SimNode, build_node
+from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 
 
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> tuple[SimNode, EngineConfig, Inventory]:
-    node = build_node(tmp_path_factory.mktemp("node"), gpus=1)
+    node = build_node(tmp_path_factory.mktemp("node"), gpus=1, driver_files=FIXTURE_DRIVER)
     config = EngineConfig(driver_root=str(node.driver_root), dev_root=str(node.dev_root), proc_root=str(node.proc_root))
     return node, config, discover(config, cuda_version=lambda path: ("12.4", None))
 

@@ -19,7 +19,7 @@ from engine.hook import gpu_request
 from engine.model import DEFAULT_CAPABILITIES, Inventory, NvmlSnapshot
 from engine.plan import plan
 from engine.request import ByIndex, ByMigPlacement, ContainerInfo, Selection, parse_request
-from tests.testbed.gpunode import CAPS_MAJOR, SimNode, build_node, cap_minor
+from tests.testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, SimNode, build_node, cap_minor
 
 NVIDIA = 195
 
@@ -30,7 +30,7 @@ def _no_nvml(path: str) -> tuple[NvmlSnapshot | None, str | None]:
 
 @pytest.fixture(scope="module")
 def mig(tmp_path_factory: pytest.TempPathFactory) -> tuple[SimNode, EngineConfig, Inventory]:
-    sim = build_node(tmp_path_factory.mktemp("mig"), gpus=4, mig={2: [(2, [0, 1]), (3, [0])]})
+    sim = build_node(tmp_path_factory.mktemp("mig"), gpus=4, mig={2: [(2, [0, 1]), (3, [0])]}, driver_files=FIXTURE_DRIVER)
     config = EngineConfig(driver_root=str(sim.driver_root), dev_root=str(sim.dev_root), proc_root=str(sim.proc_root))
     return sim, config, discover(config, cuda_version=lambda path: ("12.4", None), nvml=_no_nvml)
 
@@ -126,7 +126,7 @@ def test_the_hooks_plan_shows_what_the_nri_path_shows(mig: tuple[SimNode, Engine
 
 
 def test_a_node_without_mig_is_as_before(tmp_path: Path) -> None:
-    sim = build_node(tmp_path, gpus=2)
+    sim = build_node(tmp_path, gpus=2, driver_files=FIXTURE_DRIVER)
     config = EngineConfig(driver_root=str(sim.driver_root), dev_root=str(sim.dev_root), proc_root=str(sim.proc_root))
     inventory = discover(config, cuda_version=lambda path: ("12.4", None), nvml=_no_nvml)
     request = gpu_request(_bundle((NVIDIA, sim.gpus[1].minor), (CAPS_MAJOR, 2)), inventory, DEFAULT_CAPABILITIES)

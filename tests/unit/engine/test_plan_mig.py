@@ -20,7 +20,7 @@ from engine.model import DeviceKind, Gpu, Inventory, NvmlGpu, NvmlMigDevice, Nvm
 from engine.plan import plan
 from engine.request import ContainerInfo, parse_request
 from engine.selection import UnknownMigDeviceError
-from tests.testbed.gpunode import CAPS_MAJOR, SimNode, build_node, cap_minor
+from tests.testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, SimNode, build_node, cap_minor
 
 # GPU index -> (gi, (ci, ...)): GPU 1 in MIG mode with no instances; GPU 2 with a
 # 3g GPU instance holding three compute instances and a 2g one with one.
@@ -33,7 +33,7 @@ def _mig_uuid(n: int) -> str:
 
 class Node:
     def __init__(self, root: Path, policy: Policy | None = None) -> None:
-        self.sim: SimNode = build_node(root, gpus=4, mig=MIG)
+        self.sim: SimNode = build_node(root, gpus=4, mig=MIG, driver_files=FIXTURE_DRIVER)
         self.config = EngineConfig(
             driver_root=str(self.sim.driver_root),
             dev_root=str(self.sim.dev_root),
