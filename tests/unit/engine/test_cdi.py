@@ -24,6 +24,7 @@ from engine.model import DEFAULT_CAPABILITIES, Capability, Inventory
 from engine.plan import plan
 from engine.request import ByIndex, GpuRequest, Selection
 from tests.testbed.gpunode import SimNode, build_node
+from tests.unit.engine import golden
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "cdi-2-gpu.json"
 UPDATE = os.environ.get("NRI_GPU_UPDATE_GOLDEN") == "1"
@@ -118,7 +119,7 @@ def test_golden_spec(tmp_path: Path) -> None:
     text = json.dumps(cdi_spec(inventory, config, DEFAULT_CAPABILITIES, HOOK), indent=2, sort_keys=True)
     result = json.loads(text.replace(str(sim.root), "<ROOT>"))
     if UPDATE:
-        GOLDEN.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        GOLDEN.write_text(golden.dump(result))
     assert GOLDEN.exists(), f"{GOLDEN} is missing; run with NRI_GPU_UPDATE_GOLDEN=1, then review it"
     assert result == json.loads(GOLDEN.read_text())
 

@@ -17,6 +17,7 @@ import pytest
 
 from engine.config import EngineConfigError, Policy, policy_from_mapping
 from engine.cudacompat import Decision, candidate, decide, library_key, parse_note
+from tests.unit.engine import golden
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "cuda-compat.json"
 LAYOUT = ["libcuda.so", "libcuda.so.1", "libnvidia-nvvm.so.4", "libnvidia-ptxjitcompiler.so.1"]
@@ -64,7 +65,7 @@ def run(entries: list[str], raw: bytes | None, host: str, align: int = 4) -> dic
 def test_golden() -> None:
     got = {case: run(*args) for case, args in CASES.items()}
     if os.environ.get("NRI_GPU_UPDATE_GOLDEN") == "1":
-        GOLDEN.write_text(json.dumps(got, indent=2) + "\n")
+        GOLDEN.write_text(golden.dump(got))
     assert got == json.loads(GOLDEN.read_text())
 
 

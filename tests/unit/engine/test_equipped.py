@@ -17,6 +17,7 @@ from engine.plan import plan
 from engine.report import plan_to_dict
 from engine.request import ContainerInfo, parse_request
 from tests.testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, SimNode, build_node, cap_minor
+from tests.unit.engine import golden
 
 LIBCUDA = "/usr/lib/x86_64-linux-gnu/libcuda.so.550.163.01"
 
@@ -136,5 +137,5 @@ def test_golden_completion_plan(node: Node) -> None:
     done = completion(have, node.inventory, node.config, caps, {LIBCUDA, ml})
     result = json.loads(json.dumps(plan_to_dict(done), sort_keys=True).replace(str(node.sim.root), "<ROOT>"))
     if os.environ.get("NRI_GPU_UPDATE_GOLDEN") == "1":
-        GOLDEN.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        GOLDEN.write_text(golden.dump(result))
     assert result == json.loads(GOLDEN.read_text())

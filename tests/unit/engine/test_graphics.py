@@ -20,6 +20,7 @@ from engine.model import Capability as C
 from engine.model import DeviceKind, FileKind
 from engine.report import plan_text, plan_to_dict
 from tests.testbed.gpunode import DRM_MAJOR, SimNode
+from tests.unit.engine import golden
 from tests.unit.engine.test_plan import GOLDEN, UPDATE, Node, _normalize, cuda_12_4
 
 LIB = "/usr/lib/x86_64-linux-gnu"
@@ -208,7 +209,7 @@ def test_golden(scenario: str, tmp_path: Path) -> None:
     result = _normalize({"drm": drm_nodes, "plans": plans}, node.sim)
     path = GOLDEN / f"plan-{scenario}.json"
     if UPDATE:
-        path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        path.write_text(golden.dump(result))
     assert path.exists(), f"{path} is missing; run with NRI_GPU_UPDATE_GOLDEN=1 to create it, then review it"
     assert result == json.loads(path.read_text())
 

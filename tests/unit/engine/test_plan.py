@@ -27,6 +27,7 @@ from engine.plan import IPC_OPTIONS, plan
 from engine.report import inventory_to_dict, plan_to_dict
 from engine.request import ContainerInfo, parse_request
 from tests.testbed.gpunode import SimNode, build_node
+from tests.unit.engine import golden
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 UPDATE = os.environ.get("NRI_GPU_UPDATE_GOLDEN") == "1"
@@ -229,7 +230,7 @@ def test_golden(scenario: str, tmp_path: Path) -> None:
         if not UPDATE:
             pytest.fail(f"{path} is missing; run with NRI_GPU_UPDATE_GOLDEN=1 to create it, then review it")
         path.parent.mkdir(exist_ok=True)
-        path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        path.write_text(golden.dump(result))
     assert result == json.loads(path.read_text())
 
 

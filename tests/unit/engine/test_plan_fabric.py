@@ -16,6 +16,7 @@ from engine.errors import EngineError, RequestError
 from engine.model import DeviceKind, Feature
 from engine.report import plan_text, plan_to_dict
 from tests.testbed.gpunode import FS_MAJOR, IMEX_MAJOR, NVSWITCH_MAJOR, UVERBS_MAJOR
+from tests.unit.engine import golden
 from tests.unit.engine.test_plan import GOLDEN, UPDATE, Node, _normalize
 
 ALL_FEATURES = {f.env: "enabled" for f in Feature}
@@ -177,6 +178,6 @@ def test_golden(scenario: str, fab: Node, bare: Node) -> None:
     result = _normalize({"inventory_fabric": inventory_to_dict(node.inventory).get("fabric"), "plans": plans}, node.sim)
     path = GOLDEN / f"plan-{scenario}.json"
     if UPDATE:
-        path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        path.write_text(golden.dump(result))
     assert path.exists(), f"{path} is missing; run with NRI_GPU_UPDATE_GOLDEN=1 to create it, then review it"
     assert result == json.loads(path.read_text())
