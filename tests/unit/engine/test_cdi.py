@@ -23,7 +23,7 @@ from engine.hook import HookError, gpu_request, ipc_mounts, parse_state, rootfs
 from engine.model import DEFAULT_CAPABILITIES, Capability, Inventory
 from engine.plan import plan
 from engine.request import ByIndex, GpuRequest, Selection
-from tests.testbed.gpunode import SimNode, build_node
+from tests.testbed.gpunode import FIXTURE_DRIVER, FIXTURE_NO_DRIVER, SimNode, build_node
 from tests.unit.engine import golden
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "cdi-2-gpu.json"
@@ -35,7 +35,10 @@ def _cuda(path: str) -> tuple[str | None, str | None]:
     return "12.4", None
 
 
-def _node(root: Path, **kw: Any) -> tuple[SimNode, EngineConfig, Inventory]:
+def _node(root: Path, *, real: bool = False, **kw: Any) -> tuple[SimNode, EngineConfig, Inventory]:
+    """On the committed driver fixture unless ``real`` (NVIDIA's files: the golden spec)."""
+    if not real:
+        kw.setdefault("driver_files", FIXTURE_DRIVER if kw.get("driver", True) else FIXTURE_NO_DRIVER)
     sim = build_node(root, **kw)
     config = EngineConfig(driver_root=str(sim.driver_root), dev_root=str(sim.dev_root), proc_root=str(sim.proc_root))
     return sim, config, discover(config, cuda_version=_cuda)
@@ -115,7 +118,7 @@ def test_a_node_without_gpus_has_no_spec(tmp_path: Path) -> None:
 
 
 def test_golden_spec(tmp_path: Path) -> None:
-    sim, config, inventory = _node(tmp_path / "node", gpus=2)
+    sim, config, inventory = _node(tmp_path / "node", gpus=2, real=True)
     text = json.dumps(cdi_spec(inventory, config, DEFAULT_CAPABILITIES, HOOK), indent=2, sort_keys=True)
     result = json.loads(text.replace(str(sim.root), "<ROOT>"))
     if UPDATE:

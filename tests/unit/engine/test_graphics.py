@@ -43,7 +43,7 @@ OPENCL_ICD = "/etc/OpenCL/vendors/nvidia.icd"
 
 @pytest.fixture(scope="module")
 def four(tmp_path_factory: pytest.TempPathFactory) -> Node:
-    return Node(tmp_path_factory.mktemp("gfx"), gpus=4)
+    return Node(tmp_path_factory.mktemp("gfx"), gpus=4, real=True)
 
 
 def env(devices: str, caps: str) -> dict[str, Any]:
@@ -156,7 +156,7 @@ def test_none_with_graphics_gets_files_but_no_drm_node_or_profile(four: Node) ->
 
 
 def test_a_gpu_without_drm_nodes_is_a_note_not_a_refusal(tmp_path: Path) -> None:
-    node = Node(tmp_path / "n", gpus=2, drm=False)
+    node = Node(tmp_path / "n", gpus=2, drm=False, real=True)
     assert node.inventory.drm == ()
     p = node.plan(**env("0", "graphics"))
     assert drm(p) == [] and GRAPHICS_FILES <= destinations(p)
@@ -165,7 +165,7 @@ def test_a_gpu_without_drm_nodes_is_a_note_not_a_refusal(tmp_path: Path) -> None
 
 
 def test_drm_links_are_read_inside_the_dev_root_and_must_lead_to_dri_nodes(tmp_path: Path) -> None:
-    node = Node(tmp_path / "n", gpus=3, in_bus_order=True)
+    node = Node(tmp_path / "n", gpus=3, in_bus_order=True, real=True)
     sim = node.sim
     if not sim.real_device_nodes:
         pytest.skip("needs real character devices (root)")
@@ -198,7 +198,7 @@ REQUESTS: dict[str, dict[str, Any]] = {
 
 @pytest.mark.parametrize("scenario", ["graphics", "graphics-no-drm"])
 def test_golden(scenario: str, tmp_path: Path) -> None:
-    node = Node(tmp_path / "node", gpus=4, drm=scenario == "graphics")
+    node = Node(tmp_path / "node", gpus=4, drm=scenario == "graphics", real=True)
     plans: dict[str, Any] = {}
     for name, request in REQUESTS.items():
         try:
@@ -240,7 +240,7 @@ def test_drm_nodes_keep_the_host_nodes_group_in_the_container_and_the_cdi_spec(t
     from plugin._proto import nri_pb2 as api
     from plugin.adjustment import to_adjustment
 
-    node = Node(tmp_path / "node", gpus=1)
+    node = Node(tmp_path / "node", gpus=1, real=True)
     card, render = (node.sim.dev_root / "dev" / rel for rel, *_ in node.sim.drm_nodes(node.sim.gpus[0]))
     os.chown(render, 0, 109)
     os.chown(card, 0, 44)

@@ -26,7 +26,7 @@ from engine.model import Capability, DriverFile, FileKind, Inventory
 from engine.plan import IPC_OPTIONS, plan
 from engine.report import inventory_to_dict, plan_to_dict
 from engine.request import ContainerInfo, parse_request
-from tests.testbed.gpunode import SimNode, build_node
+from tests.testbed.gpunode import FIXTURE_DRIVER, FIXTURE_NO_DRIVER, SimNode, build_node
 from tests.unit.engine import golden
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
@@ -38,7 +38,13 @@ def cuda_12_4(path: str) -> tuple[str | None, str | None]:
 
 
 class Node:
-    def __init__(self, root: Path, **kw: Any) -> None:
+    """A simulated node, its config and inventory. On the committed driver fixture
+    unless ``real``: NVIDIA's own files (downloaded once), for the golden files,
+    which show what a real driver's containers get."""
+
+    def __init__(self, root: Path, *, real: bool = False, **kw: Any) -> None:
+        if not real:
+            kw.setdefault("driver_files", FIXTURE_DRIVER if kw.get("driver", True) else FIXTURE_NO_DRIVER)
         self.sim: SimNode = build_node(root, **kw)
         self.config = EngineConfig(
             driver_root=str(self.sim.driver_root), dev_root=str(self.sim.dev_root), proc_root=str(self.sim.proc_root)
@@ -223,7 +229,7 @@ def _scenario_result(node: Node) -> dict[str, Any]:
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 def test_golden(scenario: str, tmp_path: Path) -> None:
-    node = Node(tmp_path / "node", **SCENARIOS[scenario])
+    node = Node(tmp_path / "node", real=True, **SCENARIOS[scenario])
     result = _scenario_result(node)
     path = GOLDEN / f"plan-{scenario}.json"
     if UPDATE or not path.exists():

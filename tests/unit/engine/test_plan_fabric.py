@@ -163,8 +163,8 @@ REQUESTS: dict[str, dict[str, Any]] = {
 
 
 @pytest.mark.parametrize("scenario", ["fabric", "fabric-absent"])
-def test_golden(scenario: str, fab: Node, bare: Node) -> None:
-    node = fab if scenario == "fabric" else bare
+def test_golden(scenario: str, tmp_path: Path) -> None:
+    node = Node(tmp_path / "node", gpus=2, fabric=scenario == "fabric", real=True)
     if not node.sim.real_device_nodes:
         pytest.skip("the golden file has real character devices (root)")
     plans: dict[str, Any] = {}
