@@ -13,7 +13,7 @@ from engine.config import EngineConfig
 from engine.discover import InventoryCache, discover
 from engine.model import Inventory, MigDevice, NvmlGpu, NvmlMigDevice, NvmlSnapshot, Plan
 from engine.report import inventory_text, inventory_to_dict, plan_text, plan_to_dict
-from tests.testbed.gpunode import LIB64, MigSpec, SimNode, build_node, reconfigure_mig
+from tests.testbed.gpunode import FIXTURE_DRIVER, LIB64, MigSpec, SimNode, build_node, reconfigure_mig
 
 SPEC: MigSpec = {0: [(2, [0, 1, 2]), (3, [0]), (9, [0])], 1: []}
 
@@ -32,7 +32,7 @@ def never(path: str) -> tuple[NvmlSnapshot | None, str | None]:
 
 @pytest.fixture
 def sim(tmp_path: Path) -> SimNode:
-    return build_node(tmp_path, gpus=4, model="NVIDIA A100-SXM4-40GB", mig=SPEC)
+    return build_node(tmp_path, gpus=4, model="NVIDIA A100-SXM4-40GB", mig=SPEC, driver_files=FIXTURE_DRIVER)
 
 
 def expected_snapshot(node: SimNode) -> NvmlSnapshot:
@@ -66,7 +66,7 @@ def test_the_reader_gets_the_host_path_of_the_64_bit_libnvidia_ml(sim: SimNode) 
 
 @pytest.mark.parametrize("mig", [None, {}, {0: [], 1: []}], ids=["no-mig-folders", "mig-folders", "mig-on-no-instances"])
 def test_a_node_without_mig_instances_never_runs_the_probe(tmp_path: Path, mig: MigSpec | None) -> None:
-    node = build_node(tmp_path, gpus=2, mig=mig)
+    node = build_node(tmp_path, gpus=2, mig=mig, driver_files=FIXTURE_DRIVER)
     inv = discover(config_for(node), cuda_version=no_cuda, nvml=never)
     assert inv.mig.nvml is None and inv.mig.nvml_error is None and inv.mig.gpu_instances == ()
 

@@ -19,7 +19,7 @@ from engine import nvml
 from engine.model import ComputeInstance, Gpu, GpuInstance, MigCap, MigLayout, NvmlGpu, NvmlMigDevice, NvmlSnapshot
 from engine.nvml import NvmlError, check_against_procfs, parse_probe_output, read_nvml
 from tests.testbed import nvmlsim
-from tests.testbed.gpunode import LIB64, SimNode, build_node, driver_tree, set_nvml_behaviour
+from tests.testbed.gpunode import FIXTURE_DRIVER, LIB64, SimNode, build_node, driver_tree, set_nvml_behaviour
 
 UUID0 = "GPU-15ce2c5e-15c5-5d80-3940-b9e8e29b964c"
 UUID1 = "GPU-db849053-9e6a-febd-3f12-a512707c3bd3"
@@ -186,7 +186,11 @@ def test_mig_devices_procfs_does_not_show_are_dropped_with_a_warning() -> None:
 def sim(tmp_path: Path) -> SimNode:
     # GPU 0 (minor 2): five MIG devices, so j has a gap; GPU 1 (minor 3): MIG on, none.
     return build_node(
-        tmp_path, gpus=4, model="NVIDIA A100-SXM4-40GB", mig={0: [(2, [0, 1, 2]), (3, [0]), (9, [0])], 1: []}
+        tmp_path,
+        gpus=4,
+        model="NVIDIA A100-SXM4-40GB",
+        mig={0: [(2, [0, 1, 2]), (3, [0]), (9, [0])], 1: []},
+        driver_files=FIXTURE_DRIVER,
     )
 
 
@@ -229,7 +233,8 @@ def test_a_sim_node_asked_for_the_real_nvml_keeps_nvidias_library(tmp_path: Path
     assert read_nvml(libnvml(node)) == (None, "NVML unavailable: nvmlInit_v2 returned 9 (Driver Not Loaded)")
 
 
-def test_the_simulated_library_replaces_a_hard_link_without_writing_into_the_cache(sim: SimNode) -> None:
+def test_the_simulated_library_replaces_a_hard_link_without_writing_into_the_cache(tmp_path: Path) -> None:
+    sim = build_node(tmp_path, gpus=2, mig={0: [(2, [0])]})  # NVIDIA's files, hard-linked from the cache
     lib = sim.driver_root / LIB64 / "libnvidia-ml.so.550.163.01"
     cached = driver_tree() / LIB64 / lib.name
     assert lib.stat().st_ino != cached.stat().st_ino
