@@ -1,6 +1,7 @@
 """Graphics and display on simulated nodes (``engine.graphics``, the catalogue's graphics
 files, DRM discovery); golden plans in tests/golden/plan-graphics.json
-(``NRI_GPU_UPDATE_GOLDEN=1`` rewrites it).
+(``NRI_GPU_UPDATE_GOLDEN=1`` rewrites it). Integration, not unit: they need NVIDIA's
+own graphics files (Vulkan, EGL and X.Org's), from the simulated node's real tree.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ ld.so.cache files of tests/testbed/ldcaches.py.
 
 The engine's tests trust these nodes to look like a host with driver 550.163.01 loaded,
 so the node's own properties are checked here with the system's tools (glibc's
-``ldconfig -p``, the ELF magic), never with the engine's parsers.
+``ldconfig -p``, the ELF magic), never with the engine's parsers. Integration, not
+unit: it builds nodes of NVIDIA's own files (downloaded once).
 """
 
 from __future__ import annotations
