@@ -1,8 +1,10 @@
-"""Planning on simulated nodes: exact edits per request, golden files per scenario.
+"""Planning on simulated nodes: exact edits per request.
 
-Golden files live in tests/golden/; ``NRI_GPU_UPDATE_GOLDEN=1`` rewrites them
-(review the diff before committing). Paths under the node are written as
-``<ROOT>`` so the files do not depend on where the test ran.
+The golden files per scenario (tests/golden/) are checked by
+tests/integration/test_golden.py, on NVIDIA's own files, with the ``Node`` and
+``_normalize`` of this module; ``NRI_GPU_UPDATE_GOLDEN=1`` rewrites them (review the
+diff before committing). Paths under the node are written as ``<ROOT>`` so the files
+do not depend on where the test ran.
 """
 
 from __future__ import annotations
@@ -24,10 +26,9 @@ from engine.discover import discover
 from engine.errors import EngineError, RequestError, RequirementError, UnknownDeviceError
 from engine.model import Capability, DriverFile, FileKind, Inventory
 from engine.plan import IPC_OPTIONS, plan
-from engine.report import inventory_to_dict, plan_to_dict
+from engine.report import plan_to_dict
 from engine.request import ContainerInfo, parse_request
 from tests.testbed.gpunode import FIXTURE_DRIVER, FIXTURE_NO_DRIVER, SimNode, build_node
-from tests.unit.engine import golden
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 UPDATE = os.environ.get("NRI_GPU_UPDATE_GOLDEN") == "1"
@@ -189,55 +190,10 @@ def test_capability_bound_caps_the_plan(tmp_path: Path) -> None:
     assert not any("libcuda" in m.destination for m in p.mounts)
 
 
-# -- golden files ---------------------------------------------------------------
-
-SCENARIOS: dict[str, dict[str, Any]] = {
-    "1-gpu": {"gpus": 1},
-    "4-gpu": {"gpus": 4},
-    "8-gpu": {"gpus": 8},
-    "gpu-operator": {"gpus": 2, "driver_subdir": "run/nvidia/driver"},
-    "no-driver": {"driver": False},
-}
-
-REQUESTS: dict[str, dict[str, Any]] = {
-    "annotation-0,1": {"annotations": {"nvidia.com/gpus": "0,1"}},
-    "env-all-all-caps": {"env": {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "all"}},
-    "env-last-utility": {"env": {"NVIDIA_VISIBLE_DEVICES": "LAST", "NVIDIA_DRIVER_CAPABILITIES": "utility"}},
-    "env-none": {"env": {"NVIDIA_VISIBLE_DEVICES": "none"}},
-    "container-annotation-wins": {
-        "annotations": {"nvidia.com/gpus": "0", "nvidia.com/gpus.container.main": "LAST"},
-    },
-}
-
-
 def _normalize(value: Any, node: SimNode) -> Any:
+    """``value`` as a golden file has it: the node's root written ``<ROOT>``."""
     text = json.dumps(value, indent=2, sort_keys=True)
     return json.loads(text.replace(str(node.root), "<ROOT>"))
-
-
-def _scenario_result(node: Node) -> dict[str, Any]:
-    last = str(max(len(node.inventory.gpus) - 1, 0))
-    result: dict[str, Any] = {"inventory": inventory_to_dict(node.inventory), "plans": {}}
-    for name, request in REQUESTS.items():
-        request = json.loads(json.dumps(request).replace("LAST", last))
-        try:
-            result["plans"][name] = plan_to_dict(node.plan(**request))
-        except EngineError as exc:
-            result["plans"][name] = {"error": f"{type(exc).__name__}: {exc}"}
-    return _normalize(result, node.sim)
-
-
-@pytest.mark.parametrize("scenario", list(SCENARIOS))
-def test_golden(scenario: str, tmp_path: Path) -> None:
-    node = Node(tmp_path / "node", real=True, **SCENARIOS[scenario])
-    result = _scenario_result(node)
-    path = GOLDEN / f"plan-{scenario}.json"
-    if UPDATE or not path.exists():
-        if not UPDATE:
-            pytest.fail(f"{path} is missing; run with NRI_GPU_UPDATE_GOLDEN=1 to create it, then review it")
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(golden.dump(result))
-    assert result == json.loads(path.read_text())
 
 
 def test_mount_sources_are_translated_to_host_paths_when_the_host_is_mounted_elsewhere(tmp_path: Path) -> None:

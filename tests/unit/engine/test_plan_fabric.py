@@ -1,23 +1,21 @@
 """Planning fabric and I/O devices on a simulated node with them (``build_node(fabric=True)``),
 and on the default node without them; golden plans in tests/golden/plan-fabric*.json
-(``NRI_GPU_UPDATE_GOLDEN=1`` rewrites them).
+(tests/integration/test_golden.py).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine.config import EngineConfig
-from engine.errors import EngineError, RequestError
+from engine.errors import RequestError
 from engine.model import DeviceKind, Feature
 from engine.report import plan_text, plan_to_dict
 from tests.testbed.gpunode import FS_MAJOR, IMEX_MAJOR, NVSWITCH_MAJOR, UVERBS_MAJOR
-from tests.unit.engine import golden
-from tests.unit.engine.test_plan import GOLDEN, UPDATE, Node, _normalize
+from tests.unit.engine.test_plan import Node
 
 ALL_FEATURES = {f.env: "enabled" for f in Feature}
 
@@ -149,35 +147,3 @@ def test_report_shows_them_only_when_present(fab: Node) -> None:
     text = plan_text(got)
     assert "IMEX channels: 1\n" in text and "Features: NVIDIA_GDRCOPY=enabled\n" in text
     assert "/dev/nvidia-caps-imex-channels/channel1  c 235:1  0666" in text
-
-
-# -- golden ----------------------------------------------------------------------------
-
-REQUESTS: dict[str, dict[str, Any]] = {
-    "imex-0,5": {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0,5"},
-    "all-features": {"NVIDIA_VISIBLE_DEVICES": "1", **ALL_FEATURES},
-    "gds": {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_GDS": "enabled"},
-    "none-with-gds": {"NVIDIA_VISIBLE_DEVICES": "none", "NVIDIA_GDS": "enabled"},
-    "channel-2048": {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "2048"},
-}
-
-
-@pytest.mark.parametrize("scenario", ["fabric", "fabric-absent"])
-def test_golden(scenario: str, tmp_path: Path) -> None:
-    node = Node(tmp_path / "node", gpus=2, fabric=scenario == "fabric", real=True)
-    if not node.sim.real_device_nodes:
-        pytest.skip("the golden file has real character devices (root)")
-    plans: dict[str, Any] = {}
-    for name, env in REQUESTS.items():
-        try:
-            plans[name] = plan_to_dict(node.plan(env))
-        except EngineError as exc:
-            plans[name] = {"error": f"{type(exc).__name__}: {exc}"}
-    from engine.report import inventory_to_dict
-
-    result = _normalize({"inventory_fabric": inventory_to_dict(node.inventory).get("fabric"), "plans": plans}, node.sim)
-    path = GOLDEN / f"plan-{scenario}.json"
-    if UPDATE:
-        path.write_text(golden.dump(result))
-    assert path.exists(), f"{path} is missing; run with NRI_GPU_UPDATE_GOLDEN=1 to create it, then review it"
-    assert result == json.loads(path.read_text())

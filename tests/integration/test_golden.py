@@ -1,0 +1,111 @@
+"""The golden files (tests/golden): what containers get on a node of NVIDIA's own
+550.163.01 files, per scenario; ``NRI_GPU_UPDATE_GOLDEN=1`` rewrites them (then review
+the diff). Integration, not unit: the node is the simulated one of the real driver tree
+(downloaded once); the unit tests of the same code run on the committed fixture.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.cdi import cdi_spec
+from engine.errors import EngineError
+from engine.model import DEFAULT_CAPABILITIES
+from engine.report import inventory_to_dict, plan_to_dict
+from tests.unit.engine import golden
+from tests.unit.engine.test_cdi import GOLDEN as CDI_GOLDEN
+from tests.unit.engine.test_cdi import HOOK, _node
+from tests.unit.engine.test_plan import GOLDEN, UPDATE, Node, _normalize
+from tests.unit.engine.test_plan_fabric import ALL_FEATURES
+
+# -- plans -------------------------------------------------------------------------------
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "1-gpu": {"gpus": 1},
+    "4-gpu": {"gpus": 4},
+    "8-gpu": {"gpus": 8},
+    "gpu-operator": {"gpus": 2, "driver_subdir": "run/nvidia/driver"},
+    "no-driver": {"driver": False},
+}
+
+REQUESTS: dict[str, dict[str, Any]] = {
+    "annotation-0,1": {"annotations": {"nvidia.com/gpus": "0,1"}},
+    "env-all-all-caps": {"env": {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "all"}},
+    "env-last-utility": {"env": {"NVIDIA_VISIBLE_DEVICES": "LAST", "NVIDIA_DRIVER_CAPABILITIES": "utility"}},
+    "env-none": {"env": {"NVIDIA_VISIBLE_DEVICES": "none"}},
+    "container-annotation-wins": {
+        "annotations": {"nvidia.com/gpus": "0", "nvidia.com/gpus.container.main": "LAST"},
+    },
+}
+
+
+def _scenario_result(node: Node) -> dict[str, Any]:
+    last = str(max(len(node.inventory.gpus) - 1, 0))
+    result: dict[str, Any] = {"inventory": inventory_to_dict(node.inventory), "plans": {}}
+    for name, request in REQUESTS.items():
+        request = json.loads(json.dumps(request).replace("LAST", last))
+        try:
+            result["plans"][name] = plan_to_dict(node.plan(**request))
+        except EngineError as exc:
+            result["plans"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return _normalize(result, node.sim)
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_plan_golden(scenario: str, tmp_path: Path) -> None:
+    node = Node(tmp_path / "node", real=True, **SCENARIOS[scenario])
+    result = _scenario_result(node)
+    path = GOLDEN / f"plan-{scenario}.json"
+    if UPDATE or not path.exists():
+        if not UPDATE:
+            pytest.fail(f"{path} is missing; run with NRI_GPU_UPDATE_GOLDEN=1 to create it, then review it")
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(golden.dump(result))
+    assert result == json.loads(path.read_text())
+
+
+# -- fabric and I/O devices -----------------------------------------------------------
+
+FABRIC_REQUESTS: dict[str, dict[str, Any]] = {
+    "imex-0,5": {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "0,5"},
+    "all-features": {"NVIDIA_VISIBLE_DEVICES": "1", **ALL_FEATURES},
+    "gds": {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_GDS": "enabled"},
+    "none-with-gds": {"NVIDIA_VISIBLE_DEVICES": "none", "NVIDIA_GDS": "enabled"},
+    "channel-2048": {"NVIDIA_VISIBLE_DEVICES": "0", "NVIDIA_IMEX_CHANNELS": "2048"},
+}
+
+
+@pytest.mark.parametrize("scenario", ["fabric", "fabric-absent"])
+def test_fabric_golden(scenario: str, tmp_path: Path) -> None:
+    node = Node(tmp_path / "node", gpus=2, fabric=scenario == "fabric", real=True)
+    if not node.sim.real_device_nodes:
+        pytest.skip("the golden file has real character devices (root)")
+    plans: dict[str, Any] = {}
+    for name, env in FABRIC_REQUESTS.items():
+        try:
+            plans[name] = plan_to_dict(node.plan(env))
+        except EngineError as exc:
+            plans[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    result = _normalize({"inventory_fabric": inventory_to_dict(node.inventory).get("fabric"), "plans": plans}, node.sim)
+    path = GOLDEN / f"plan-{scenario}.json"
+    if UPDATE:
+        path.write_text(golden.dump(result))
+    assert path.exists(), f"{path} is missing; run with NRI_GPU_UPDATE_GOLDEN=1 to create it, then review it"
+    assert result == json.loads(path.read_text())
+
+
+# -- the CDI spec ------------------------------------------------------------------------
+
+
+def test_cdi_golden_spec(tmp_path: Path) -> None:
+    sim, config, inventory = _node(tmp_path / "node", gpus=2, real=True)
+    text = json.dumps(cdi_spec(inventory, config, DEFAULT_CAPABILITIES, HOOK), indent=2, sort_keys=True)
+    result = json.loads(text.replace(str(sim.root), "<ROOT>"))
+    if UPDATE:
+        CDI_GOLDEN.write_text(golden.dump(result))
+    assert CDI_GOLDEN.exists(), f"{CDI_GOLDEN} is missing; run with NRI_GPU_UPDATE_CDI_GOLDEN=1, then review it"
+    assert result == json.loads(CDI_GOLDEN.read_text())
