@@ -13,7 +13,15 @@ from engine.config import EngineConfig
 from engine.discover import InventoryCache, discover
 from engine.model import Inventory, MigDevice, NvmlGpu, NvmlMigDevice, NvmlSnapshot, Plan
 from engine.report import inventory_text, inventory_to_dict, plan_text, plan_to_dict
-from tests.testbed.gpunode import FIXTURE_DRIVER, LIB64, MigSpec, SimNode, build_node, reconfigure_mig
+from tests.testbed.gpunode import (
+    FIXTURE_DRIVER,
+    LIB64,
+    MigSpec,
+    SimNode,
+    build_node,
+    reconfigure_mig,
+    set_nvml_behaviour,
+)
 
 SPEC: MigSpec = {0: [(2, [0, 1, 2]), (3, [0]), (9, [0])], 1: []}
 
@@ -71,15 +79,6 @@ def test_a_node_without_mig_instances_never_runs_the_probe(tmp_path: Path, mig: 
     assert inv.mig.nvml is None and inv.mig.nvml_error is None and inv.mig.gpu_instances == ()
 
 
-def test_the_real_550_library_leaves_an_error_and_placements(tmp_path: Path) -> None:
-    node = build_node(tmp_path, gpus=2, mig={0: [(2, [0])]}, nvml="real")
-    inv = discover(config_for(node), cuda_version=no_cuda)
-    assert inv.mig.nvml is None
-    assert inv.mig.nvml_error == "NVML unavailable: nvmlInit_v2 returned 9 (Driver Not Loaded)"
-    assert [g.gi for g in inv.mig.gpu_instances] == [2]  # procfs's layout stays
-    assert inv.warnings == ()  # the error travels in nvml_error, not as an inventory warning
-
-
 def test_without_libnvidia_ml_the_error_says_so(sim: SimNode) -> None:
     cache = sim.driver_root / "etc/ld.so.cache"
     data = cache.read_bytes()
@@ -129,8 +128,16 @@ def test_info_text_shows_mig_uuids_indexes_and_modes(sim: SimNode) -> None:
     assert "NVML:" not in text
 
 
+def _without_nvml(tmp_path: Path) -> SimNode:
+    """A MIG node whose NVML fails as NVIDIA's 550 library does without its kernel
+    module (that library itself: tests/integration/test_nvml_real.py)."""
+    node = build_node(tmp_path, gpus=2, mig={0: [(2, [0])]}, driver_files=FIXTURE_DRIVER)
+    set_nvml_behaviour(node, init_rc=9)
+    return node
+
+
 def test_info_text_without_nvml_shows_the_error_and_the_procfs_hint(tmp_path: Path) -> None:
-    node = build_node(tmp_path, gpus=2, mig={0: [(2, [0])]}, nvml="real")
+    node = _without_nvml(tmp_path)
     text = inventory_text(discover(config_for(node), cuda_version=no_cuda))
     assert "  GPU 0 (minor 1): instances present (procfs)\n" in text
     assert "  GPU 1 (minor 0): unknown (no NVML); no instances in procfs\n" in text
@@ -165,7 +172,7 @@ def test_info_json_adds_nvml_fields_under_mig_only(sim: SimNode) -> None:
 
 
 def test_info_json_without_nvml(tmp_path: Path) -> None:
-    node = build_node(tmp_path, gpus=2, mig={0: [(2, [0])]}, nvml="real")
+    node = _without_nvml(tmp_path)
     mig = inventory_to_dict(discover(config_for(node), cuda_version=no_cuda))["mig"]
     assert mig["nvml"] is None and "Driver Not Loaded" in mig["nvml_error"]
     assert mig["gpu_instances"][0]["compute_instances"][0]["uuid"] is None
@@ -210,16 +217,3 @@ def test_a_plan_without_mig_has_no_mig_fields() -> None:
 
 
 # -- hack/simulate-gpu-node --nvml ----------------------------------------------------------
-
-
-def test_simulate_gpu_node_nvml_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.testbed import gpunode
-
-    assert gpunode.main([str(tmp_path / "sim"), "--gpus", "2", "--mig", "0:2.0.1.2"]) == 0
-    assert "NVML (sim): GPU 0: 0:0=gi2/ci0 0:2=gi2/ci1 0:3=gi2/ci2\n" in capsys.readouterr().out
-    assert gpunode.main([str(tmp_path / "real"), "--gpus", "2", "--mig", "0:2.0", "--nvml", "real"]) == 0
-    lib = tmp_path / "real" / LIB64 / "libnvidia-ml.so.550.163.01"
-    assert lib.stat().st_ino == (gpunode.driver_tree() / LIB64 / lib.name).stat().st_ino
-    assert not (tmp_path / "real" / LIB64 / "nvml-sim.txt").exists()
-    with pytest.raises(SystemExit):
-        gpunode.main([str(tmp_path / "bad"), "--mig", "0", "--nvml", "fake"])

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import doctest
 import json
-import shutil
 import statistics
-import struct
 import subprocess
 import time
 from pathlib import Path
@@ -18,8 +16,7 @@ import pytest
 from engine import nvml
 from engine.model import ComputeInstance, Gpu, GpuInstance, MigCap, MigLayout, NvmlGpu, NvmlMigDevice, NvmlSnapshot
 from engine.nvml import NvmlError, check_against_procfs, parse_probe_output, read_nvml
-from tests.testbed import nvmlsim
-from tests.testbed.gpunode import FIXTURE_DRIVER, LIB64, SimNode, build_node, driver_tree, set_nvml_behaviour
+from tests.testbed.gpunode import FIXTURE_DRIVER, LIB64, SimNode, build_node, set_nvml_behaviour
 
 UUID0 = "GPU-15ce2c5e-15c5-5d80-3940-b9e8e29b964c"
 UUID1 = "GPU-db849053-9e6a-febd-3f12-a512707c3bd3"
@@ -217,31 +214,6 @@ def test_the_probe_reads_the_simulated_nvml(sim: SimNode) -> None:
     assert snapshot.gpus[1].mig_devices == ()
 
 
-def test_the_real_550_library_without_a_kernel_driver_is_a_clean_error() -> None:
-    real = driver_tree() / LIB64 / "libnvidia-ml.so.1"
-    assert real.resolve().name == "libnvidia-ml.so.550.163.01"
-    snapshot, error = read_nvml(str(real))
-    assert snapshot is None
-    assert error == "NVML unavailable: nvmlInit_v2 returned 9 (Driver Not Loaded)"
-
-
-def test_a_sim_node_asked_for_the_real_nvml_keeps_nvidias_library(tmp_path: Path) -> None:
-    node = build_node(tmp_path, gpus=2, mig={0: [(2, [0])]}, nvml="real")
-    assert node.nvml == "real"
-    lib = node.driver_root / LIB64 / "libnvidia-ml.so.550.163.01"
-    assert lib.stat().st_ino == (driver_tree() / LIB64 / lib.name).stat().st_ino
-    assert read_nvml(libnvml(node)) == (None, "NVML unavailable: nvmlInit_v2 returned 9 (Driver Not Loaded)")
-
-
-def test_the_simulated_library_replaces_a_hard_link_without_writing_into_the_cache(tmp_path: Path) -> None:
-    sim = build_node(tmp_path, gpus=2, mig={0: [(2, [0])]})  # NVIDIA's files, hard-linked from the cache
-    lib = sim.driver_root / LIB64 / "libnvidia-ml.so.550.163.01"
-    cached = driver_tree() / LIB64 / lib.name
-    assert lib.stat().st_ino != cached.stat().st_ino
-    assert lib.read_bytes() == nvmlsim.library().read_bytes() != cached.read_bytes()
-    assert read_nvml(str(cached))[1] == "NVML unavailable: nvmlInit_v2 returned 9 (Driver Not Loaded)"
-
-
 def test_an_init_failure_is_reported_with_nvmls_words(sim: SimNode) -> None:
     set_nvml_behaviour(sim, init_rc=9)
     assert read_nvml(libnvml(sim)) == (None, "NVML unavailable: nvmlInit_v2 returned 9 (Driver Not Loaded)")
@@ -274,53 +246,9 @@ def test_probe_wall_time_on_the_sim(sim: SimNode) -> None:
     )  # measured, not asserted
 
 
-# -- the simulated library's exports are real NVML's ------------------------------------
-
-
-def _dynamic_symbols(path: Path) -> set[str]:
-    """Defined dynamic symbols: ``nm -D --defined-only`` when there, else the ELF itself."""
-    if shutil.which("nm"):
-        out = subprocess.run(["nm", "-D", "--defined-only", str(path)], capture_output=True, text=True, check=True)
-        return {
-            fields[-1].split("@")[0] for fields in (ln.split() for ln in out.stdout.splitlines()) if len(fields) == 3
-        }
-    return _elf_dynsym(path.read_bytes())
-
-
-def _elf_dynsym(data: bytes) -> set[str]:
-    """Names of the defined symbols in .dynsym of a 64-bit little-endian ELF."""
-    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1
-    (shoff,) = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
-    names = set()
-    for _, sh_type, _, _, off, size, link, _, _, entsize in sections:
-        if sh_type != 11:  # SHT_DYNSYM
-            continue
-        str_off = sections[link][4]
-        for pos in range(off, off + size, entsize):
-            name, _, _, shndx, _, _ = struct.unpack_from("<IBBHQQ", data, pos)
-            if shndx != 0 and name:
-                names.add(data[str_off + name : data.index(b"\0", str_off + name)].decode())
-    return names
-
-
-def test_every_symbol_the_simulated_library_exports_is_in_the_real_550_library() -> None:
-    sim = _dynamic_symbols(nvmlsim.library())
-    real = _dynamic_symbols(driver_tree() / LIB64 / "libnvidia-ml.so.550.163.01")
-    assert _elf_dynsym(nvmlsim.library().read_bytes()) == sim  # both readers agree
-    assert len(real) > 100
-    assert "nvmlDeviceGetMigDeviceHandleByIndex" in sim
-    assert sim - real == set()
-    # And the probe calls nothing the simulated library lacks.
-    called = {name for name in sim if f'"{name}"' in nvml._PROBE or f"lib.{name}" in nvml._PROBE}
-    assert called == sim - {"nvmlInitWithFlags"}
-
-
 def test_the_probe_s_output_is_read_only_up_to_its_limit() -> None:
     """A broken or hostile library printing without end: read a little past the
     limit, then the child's whole group is killed (``communicate`` held it all)."""
-    import subprocess
     import sys
 
     from engine.nvml import bounded_output
