@@ -1,10 +1,10 @@
 """Container-start work inside the container's mount namespace (NRI StartContainer).
 
 ``start_work(plan, container, proc_root)`` takes what a plan leaves for start
-time; ``run_start(pid, work)`` / ``await run_start_async(pid, work)`` does it in a
-forked worker: the GPU-restricted ``/proc/driver/nvidia`` view, the library
-symlinks, ``/etc/ld.so.conf.d/00-nri-gpu.conf`` and the ld.so cache (the driver's
-entries merged into the image's, or rebuilt by the host's static ldconfig, confined).
+time; ``await run_start_async(pid, work)`` does it in a forked worker: the
+GPU-restricted ``/proc/driver/nvidia`` view, the library symlinks,
+``/etc/ld.so.conf.d/00-nri-gpu.conf`` and the ld.so cache (the driver's entries
+merged into the image's, or rebuilt by the host's static ldconfig, confined).
 Failures raise ``engine.errors.StartError``.
 """
 
@@ -18,7 +18,6 @@ if TYPE_CHECKING:  # the names as the type checker sees them; loaded lazily belo
         DEFAULT_LDCONFIG,
         DEFAULT_TIMEOUT,
         find_init_pid,
-        run_start,
         run_start_async,
         shows_driver_view,
     )
@@ -30,7 +29,6 @@ _EXPORTS = {
     "DEFAULT_LDCONFIG": "engine.start.runner",
     "DEFAULT_TIMEOUT": "engine.start.runner",
     "find_init_pid": "engine.start.runner",
-    "run_start": "engine.start.runner",
     "run_start_async": "engine.start.runner",
     "shows_driver_view": "engine.start.runner",
     "StartReport": "engine.start.work",
@@ -52,7 +50,6 @@ __all__ = [
     "StartReport",
     "StartWork",
     "find_init_pid",
-    "run_start",
     "run_start_async",
     "shows_driver_view",
     "start_work",

@@ -1,4 +1,4 @@
-"""Run the start work in a forked worker, from plain code or from asyncio.
+"""Run the start work in a forked worker, from asyncio.
 
 Why a fork: ``setns`` into a mount namespace needs a single-threaded caller
 and changes the caller for good; the plugin is a multi-threaded asyncio
@@ -39,7 +39,6 @@ import importlib.abc
 import importlib.machinery
 import json
 import os
-import select
 import signal
 import stat
 import sys
@@ -57,7 +56,6 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "Reporter",
     "find_init_pid",
-    "run_start",
     "run_start_async",
     "shows_driver_view",
 ]
@@ -73,36 +71,6 @@ _V1_CONTROLLERS = ("unified", "pids", "devices", "memory", "freezer", "cpu,cpuac
 Reporter = Callable[[StartReport], None]
 
 
-def run_start(
-    pid: int,
-    work: StartWork,
-    *,
-    ldconfig: str = DEFAULT_LDCONFIG,
-    timeout: float = DEFAULT_TIMEOUT,
-    on_report: Reporter | None = None,
-) -> None:
-    """Do ``work`` inside the container whose init process is ``pid`` (blocking).
-
-    ``ldconfig``: the host's static ldconfig (never one from the image).
-    ``timeout``: seconds for everything, fork to reap. ``on_report`` gets what
-    was done and the per-step timings of a success.
-    Raises ``StartError`` naming ``work.container`` and the failed step.
-    """
-    deadline = time.monotonic() + timeout
-    child, fd = _spawn(pid, work, ldconfig, deadline)
-    try:
-        data, timed_out = _read_until_eof(fd, deadline)
-    except BaseException:
-        _reap(child, kill=True)
-        raise
-    finally:
-        os.close(fd)
-    status = _reap(child, kill=timed_out)
-    report = _outcome(work, data, status, timed_out, timeout)
-    if on_report is not None:
-        on_report(report)
-
-
 async def run_start_async(
     pid: int,
     work: StartWork,
@@ -111,9 +79,15 @@ async def run_start_async(
     timeout: float = DEFAULT_TIMEOUT,
     on_report: Reporter | None = None,
 ) -> None:
-    """``run_start`` without blocking the event loop: the loop watches the result
-    pipe, and the worker's exit through its pidfd. A cancelled call kills the
-    worker. Raises ``StartError``."""
+    """Do ``work`` inside the container whose init process is ``pid``, without
+    blocking the event loop: the loop watches the result pipe, and the worker's
+    exit through its pidfd. A cancelled call kills the worker.
+
+    ``ldconfig``: the host's static ldconfig (never one from the image).
+    ``timeout``: seconds for everything, fork to result. ``on_report`` gets what
+    was done and the per-step timings of a success.
+    Raises ``StartError`` naming ``work.container`` and the failed step.
+    """
     deadline = time.monotonic() + timeout
     child, fd = _spawn(pid, work, ldconfig, deadline)
     report = await _finish(child, fd, work, deadline, timeout)
@@ -338,39 +312,12 @@ def _reap_exited() -> None:
             _exiting.discard(child)
 
 
-def _read_until_eof(fd: int, deadline: float) -> tuple[bytes, bool]:
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    data = bytearray()
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return bytes(data), True
-        if not poller.poll(max(1, int(left * 1000))):
-            continue
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return bytes(data), False
-        data.extend(chunk)
-
-
 def _kill(child: int) -> None:
     # Safe by pid: the worker is our child and not reaped yet, so its pid is not reused.
     try:
         os.kill(child, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-def _reap(child: int, *, kill: bool) -> int | None:
-    """Wait for the worker (killing it first if asked); its status, None if reaped
-    elsewhere. Blocking: for ``run_start``, which has no event loop to stop."""
-    if kill:
-        _kill(child)
-    try:
-        return os.waitpid(child, 0)[1]
-    except ChildProcessError:  # an event loop's child watcher got it first
-        return None
 
 
 def _outcome(work: StartWork, data: bytes, status: int | None, timed_out: bool, timeout: float) -> StartReport:

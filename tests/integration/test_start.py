@@ -48,13 +48,13 @@ from engine.start import (
     StartWork,
     actions,
     find_init_pid,
-    run_start,
     run_start_async,
     runner,
     start_work,
     syscalls,
 )
 from engine.start.rootdir import RootDir
+from tests.integration.startcall import run_start
 from tests.testbed import debs
 from tests.testbed.bundle import Container, RuncHost, busybox_rootfs
 from tests.testbed.gpunode import SimNode, build_node, run_ldconfig

@@ -22,7 +22,8 @@ import pytest
 
 from engine.errors import StartError
 from engine.model import Plan
-from engine.start import StartWork, run_start, start_work
+from engine.start import StartWork, start_work
+from tests.integration.startcall import run_start
 from tests.integration.test_start import WHO, _attach, _cannot_run, mounts, start
 from tests.testbed import debs
 from tests.testbed.bundle import Container, RuncHost
