@@ -53,11 +53,15 @@ class CacheEntry:
     path: str
 
 
-def real_cache(kind: str) -> bytes:
+def real_cache(kind: str, tree: Path | None = None) -> bytes:
     """The bytes of an ld.so.cache of format ``kind`` (see KINDS) written by the real
-    ldconfig. Raises ValueError for an unknown kind."""
+    ldconfig. Raises ValueError for an unknown kind. ``tree``: the driver root whose
+    libraries it lists: by default NVIDIA's (downloaded once; the cache is kept), else
+    one such as ``gpunode.FIXTURE_DRIVER``, written anew at each call (nothing fetched)."""
     if kind not in KINDS:
         raise ValueError(f"unknown ld.so.cache kind {kind!r}; known: {', '.join(KINDS)}")
+    if tree is not None:
+        return _build(tree, kind)
     tree = gpunode.driver_tree()
     key = hashlib.sha256(f"{kind}|{tree.name}|{gpunode.ldconfig_version()}".encode()).hexdigest()[:12]
     base = cache_dir() / "ldcaches"
@@ -78,6 +82,9 @@ def _build(tree: Path, kind: str) -> bytes:
     with tempfile.TemporaryDirectory(dir=cache_dir(), prefix=".ldcache-") as tmp:
         root = Path(tmp)
         for libdir in _LIB_DIRS:
+            (root / libdir).mkdir(parents=True, exist_ok=True)
+            if not (tree / libdir).is_dir():
+                continue  # the fixture has no i386 libraries
             # Only the libraries and their links: ldconfig reads the ELF headers (hard
             # links, so no copying); subdirectories other than glibc-hwcaps are not scanned.
             for src in (tree / libdir).iterdir():

@@ -264,37 +264,6 @@ def test_the_real_ldconfig_reads_what_the_test_writer_writes(layout: str, tmp_pa
     assert list(parse_ld_so_cache(cache.read_bytes())) == expected(SAMPLE, layout)
 
 
-NVIDIA_KINDS = ("new", "old", "compat", "new-hwcaps")
-
-
-@pytest.mark.parametrize("kind", NVIDIA_KINDS)
-def test_caches_of_the_real_nvidia_driver_libraries(kind: str) -> None:
-    """The 550.163.01 driver's libraries, 64-bit and i386, in a cache the real ldconfig wrote (tests/testbed)."""
-    ldcaches = pytest.importorskip("tests.testbed.ldcaches")
-    from tests.testbed.debs import DebUnavailable
-
-    try:
-        data = ldcaches.real_cache(kind)
-    except DebUnavailable as exc:
-        pytest.skip(f"the driver packages cannot be fetched: {exc}")
-    entries = parse_ld_so_cache(data)
-    reference = [
-        (e.soname, _PRINTED_TYPE[e.flags.split(",")[0]], e.flags.split(",")[1:2] == ["x86-64"], e.path)
-        for e in ldcaches.print_cache(data)
-    ]
-    assert rows(entries) == reference
-    libcuda = {(e.is_64bit, e.flags, e.path) for e in entries if e.name == "libcuda.so.1"}
-    assert libcuda == {
-        (True, 0x0303, "/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
-        (False, 0x0003, "/usr/lib/i386-linux-gnu/libcuda.so.1"),
-    }
-    hwcaps = [e for e in entries if e.hwcap]
-    if kind == "new-hwcaps":
-        assert [(e.name, e.hwcap >> 62) for e in hwcaps] == [("libz.so.1", 1)]
-    else:
-        assert hwcaps == []
-
-
 # ---------------------------------------------------------------------------
 # flags
 

@@ -42,13 +42,12 @@ def entry(name: str, path: str = "", flags: int = X86_64, hwcap: int = 0, osvers
 
 
 def real_caches() -> dict[str, bytes]:
-    ldcaches = pytest.importorskip("tests.testbed.ldcaches")
-    from tests.testbed.debs import DebUnavailable
+    """Caches the real ldconfig writes, in each format, of the committed driver fixture's
+    libraries; and this host's own cache."""
+    from tests.testbed import ldcaches
+    from tests.testbed.gpunode import FIXTURE_DRIVER
 
-    try:
-        found = {kind: ldcaches.real_cache(kind) for kind in ldcaches.KINDS}
-    except DebUnavailable as exc:
-        pytest.skip(f"the driver packages cannot be fetched: {exc}")
+    found = {kind: ldcaches.real_cache(kind, FIXTURE_DRIVER) for kind in ldcaches.KINDS}
     if HOST_CACHE.is_file():
         found["host"] = HOST_CACHE.read_bytes()
     return found
