@@ -28,9 +28,10 @@ from engine.start.work import start_work
 from plugin import budget
 from plugin._proto import nri_pb2 as api
 from plugin.adjustment import GPUS_ANNOTATION, to_adjustment
+from plugin.decisions import CREATE, Decisions, Outcome
 from plugin.errors import PluginError
 from plugin.inventory import LiveInventory
-from plugin.metrics import STEP_PLAN, STEP_START, PluginMetrics
+from plugin.metrics import STEP_START, PluginMetrics
 from plugin.offloop import map_until
 from plugin.request import container_info, describe, may_request
 
@@ -58,6 +59,8 @@ class GpuPlugin:
         self._starter = starter
         self._view_check = view_check
         self._metrics = metrics
+        # Times, counts and logs each handler's decision; the handlers keep the logic.
+        self._decisions = Decisions(logger, metrics)
         if metrics is not None:
             metrics.inventory_gpus.set(len(self._inventory.current().gpus))
         # Plans made at CreateContainer, used at StartContainer; a miss is
@@ -200,55 +203,33 @@ class GpuPlugin:
 
     async def create_container(self, pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjustment | None:
         if not may_request(pod, container, self._config.policy):
+            self._decisions.nothing_asked(CREATE, pod, container)
             return None
-        began = time.perf_counter()
-        steps: dict[str, float] = {}
-        try:
-            plan = await self._plan(pod, container, steps)
-        except PluginError as exc:
-            ms = self._took(STEP_PLAN, began)
-            fields = _fields("CreateContainer", pod, container, decision="refused", reason=str(exc), duration_ms=ms)
-            logger.warning("%s: refused: %s", describe(pod, container), exc, extra={"nri_gpu": fields})
-            raise
-        if plan is None:
-            self._took(STEP_PLAN, began)
-            self._remember(container.id, None)
-            return None
-        encoding = time.perf_counter()
-        adjustment = to_adjustment(plan, container)
-        self._remember(container.id, adjustment.annotations[GPUS_ANNOTATION])
-        steps["adjustment"] = (time.perf_counter() - encoding) * 1000
-        self._pending[container.id] = plan
-        capabilities = sorted(c.value for c in plan.capabilities)
-        ms = self._took(STEP_PLAN, began)
-        if self._metrics is not None:
-            self._metrics.gpus_allocated.inc(len(plan.gpus) + len(plan.mig_devices))
-            self._metrics.plan_timings(steps)
-        fields = _fields(
-            "CreateContainer",
-            pod,
-            container,
-            decision="allocated",
-            gpus=[g.index for g in plan.gpus],
-            gpu_uuids=[g.uuid for g in plan.gpus],
-            **({"mig_devices": [m.name for m in plan.mig_devices]} if plan.mig_devices else {}),
-            capabilities=capabilities,
-            devices=len(adjustment.linux.devices),
-            mounts=len(adjustment.mounts),
-            duration_ms=ms,
-            steps_ms={name: round(value, 3) for name, value in steps.items()},
-        )
-        logger.info(
-            "%s: GPUs %s, capabilities %s, %d devices, %d mounts (%.2f ms)",
-            describe(pod, container),
-            ",".join([*(str(g.index) for g in plan.gpus), *(m.index or m.name for m in plan.mig_devices)]) or "none",
-            ",".join(capabilities),
-            len(adjustment.linux.devices),
-            len(adjustment.mounts),
-            ms,
-            extra={"nri_gpu": fields},
-        )
-        return adjustment
+        with self._decisions.record(CREATE, pod, container) as decision:
+            plan = await self._plan(pod, container, decision.steps_ms)
+            if plan is None:
+                self._remember(container.id, None)
+                return None
+            encoding = time.perf_counter()
+            adjustment = to_adjustment(plan, container)
+            decision.steps_ms["adjustment"] = (time.perf_counter() - encoding) * 1000
+            self._remember(container.id, adjustment.annotations[GPUS_ANNOTATION])
+            self._pending[container.id] = plan
+            capabilities = sorted(c.value for c in plan.capabilities)
+            named = [*(str(g.index) for g in plan.gpus), *(m.index or m.name for m in plan.mig_devices)]
+            decision.allow(
+                Outcome.ALLOCATED,
+                f"GPUs {','.join(named) or 'none'}, capabilities {','.join(capabilities)}, "
+                f"{len(adjustment.linux.devices)} devices, {len(adjustment.mounts)} mounts",
+                given=len(plan.gpus) + len(plan.mig_devices),
+                gpus=[g.index for g in plan.gpus],
+                gpu_uuids=[g.uuid for g in plan.gpus],
+                **({"mig_devices": [m.name for m in plan.mig_devices]} if plan.mig_devices else {}),
+                capabilities=capabilities,
+                devices=len(adjustment.linux.devices),
+                mounts=len(adjustment.mounts),
+            )
+            return adjustment
 
     def _took(self, step: str, began: float) -> float:
         """Milliseconds since ``began``; recorded under ``step``."""

@@ -189,3 +189,58 @@ def test_json_line_has_no_raw_control_character() -> None:
     line = JsonFormatter().format(record("refused: %s", (sneaky,), nri_gpu={"pod": sneaky}))
     assert line.isprintable(), line
     assert json.loads(line)["pod"] == sneaky and json.loads(line)["message"] == f"refused: {sneaky}"
+
+
+def test_a_refusal_while_building_the_adjustment_is_logged_and_timed(
+    node: SimNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Regression: the adjustment's own refusal (a driver file's place already
+    mounted from elsewhere) reached the runtime with no decision line and no
+    ``plan`` timing, unlike a refusal from planning."""
+    metrics = PluginMetrics()
+    taken: list[str] = []
+
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
+        reply = await rt.create_container(pod("first", "ml", annotations={"nvidia.com/gpus": "0"}), container("a"))
+        taken.append(reply.adjust.mounts[0].destination)
+        clash = container("b")
+        clash.mounts.add(destination=taken[0], source="/somewhere/else", type="bind")
+        with pytest.raises(StatusError, match="already mounts /somewhere/else"):
+            await rt.create_container(pod("clash", "ml", annotations={"nvidia.com/gpus": "0"}), clash)
+
+    with caplog.at_level(logging.INFO, logger="plugin.handlers"):
+        asyncio.run(connected(gpu_plugin(node, None, metrics), body, metrics=metrics))
+    lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records if hasattr(r, "nri_gpu")]
+    assert [(line["pod"], line["decision"]) for line in lines] == [("first", "allocated"), ("clash", "refused")]
+    refused = lines[1]
+    assert refused["level"] == "warning" and refused["container"] == "b" and refused["duration_ms"] >= 0
+    assert f"already mounts /somewhere/else at {taken[0]}" in refused["reason"]
+    assert refused["message"].startswith('container "b" in pod "ml/clash": refused: the container already mounts')
+    assert steps(metrics, "plan") == 2
+    assert metrics.value("nri_gpu_errors_total", kind="refused") == 1
+    assert metrics.value("nri_gpu_gpus_allocated_total") == 1
+
+
+def test_a_handler_bug_is_an_error_decision_timed_and_counted(
+    node: SimNode, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    metrics = PluginMetrics()
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr("plugin.handlers.to_adjustment", broken)
+
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
+        with pytest.raises(StatusError, match="RuntimeError: boom"):
+            await rt.create_container(pod("bug", "ml", annotations={"nvidia.com/gpus": "0"}), container("main"))
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(connected(gpu_plugin(node, None, metrics), body, metrics=metrics))
+    (line,) = [json.loads(JsonFormatter().format(r)) for r in caplog.records if hasattr(r, "nri_gpu")]
+    assert (line["decision"], line["level"], line["reason"]) == ("error", "error", "RuntimeError: boom")
+    assert line["message"] == 'container "main" in pod "ml/bug": failed: RuntimeError: boom'
+    assert steps(metrics, "plan") == 1 and metrics.value("nri_gpu_errors_total", kind="internal") == 1
+    # The traceback is the stub's, once.
+    assert [r.name for r in caplog.records if r.exc_info] == ["plugin.stub"]
+
