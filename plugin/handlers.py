@@ -28,10 +28,10 @@ from engine.start.work import start_work
 from plugin import budget
 from plugin._proto import nri_pb2 as api
 from plugin.adjustment import GPUS_ANNOTATION, to_adjustment
-from plugin.decisions import CREATE, Decisions, Outcome
+from plugin.decisions import CREATE, START, Decisions, Outcome
 from plugin.errors import PluginError
 from plugin.inventory import LiveInventory
-from plugin.metrics import STEP_START, PluginMetrics
+from plugin.metrics import PluginMetrics
 from plugin.offloop import map_until
 from plugin.request import container_info, describe, may_request
 
@@ -231,93 +231,60 @@ class GpuPlugin:
             )
             return adjustment
 
-    def _took(self, step: str, began: float) -> float:
-        """Milliseconds since ``began``; recorded under ``step``."""
-        seconds = time.perf_counter() - began
-        if self._metrics is not None:
-            self._metrics.step(step, seconds)
-        return seconds * 1000
-
-    def _on_start_report(
-        self, who: str, timings_ms: dict[str, float], into: dict[str, float], cuda_compat: str = ""
-    ) -> None:
+    def _on_start_report(self, who: str, into: dict[str, float], timings_ms: dict[str, float], cuda_compat: str) -> None:
         logger.debug("%s: start steps (ms) %s", who, timings_ms)
         if cuda_compat:
             logger.info("%s: CUDA forward compatibility: %s", who, cuda_compat)
         into.update(timings_ms)
-        if self._metrics is not None:
-            self._metrics.start_timings(timings_ms)
 
     async def start_container(self, pod: api.PodSandbox, container: api.Container) -> None:
         """Finish a GPU container in its own mount namespace before its process runs."""
         if not may_request(pod, container, self._config.policy):
+            self._decisions.nothing_asked(START, pod, container)
             return
-        began = time.perf_counter()
-        who = describe(pod, container)
-        kept = self._pending.pop(container.id, None)
-        try:
-            plan = kept or await self._replan(pod, container)
-            if plan is None:
-                return
-            # The IPC endpoints to compare with the host's: what the container was
-            # given. A plan made again now may list others (a daemon gone or started
-            # since its creation); the container's own mounts say what it got.
-            mounted = ipc_in_mounts(((m.source, m.destination) for m in container.mounts), self._config)
-        except PluginError as exc:
-            self._log_start_refusal(pod, container, began, str(exc), exc)
-            raise
-        except EngineError as exc:  # a mount source outside engine.host_root
-            self._log_start_refusal(pod, container, began, str(exc), exc)
-            raise PluginError(str(exc)) from exc
-        ipc = mounted if kept is None else tuple(sorted({*plan.ipc, *mounted}))
-        steps: dict[str, float] = {}
-        try:
-            pid = container.pid or find_init_pid(container.linux.cgroups_path, container=who)
-            await self._starter(
-                pid,
-                start_work(
-                    plan,
-                    who,
-                    self._config.proc_root,
-                    self._config.ld_cache,
-                    container.linux.cgroups_path,
-                    driver_root=self._config.driver_root,
-                    ipc=ipc,
-                    cuda_compat=self._config.policy.cuda_compat,
-                    driver_version=self._inventory.current().driver_version or "",
-                ),
-                ldconfig=self._config.ldconfig,
-                # What the runtime still gives this request: the worker is killed in
-                # time for the refusal to reach it (budget.REPLY_MARGIN).
-                timeout=budget.left(),
-                on_report=lambda report: self._on_start_report(who, report.timings_ms, steps, report.cuda_compat),
-            )
-        except EngineError as exc:
-            # The stub already names the container and pod; keep the step and cause.
-            reason = f"{exc.step}: {exc.error}" if isinstance(exc, StartError) else str(exc)
-            self._log_start_refusal(pod, container, began, reason, exc)
-            raise PluginError(reason) from exc
-        ms = self._took(STEP_START, began)
-        bus_ids = list(plan.visible_bus_ids)
-        fields = _fields(
-            "StartContainer",
-            pod,
-            container,
-            decision="started",
-            gpus=bus_ids,
-            duration_ms=ms,
-            steps_ms={name: round(value, 3) for name, value in steps.items()},
-        )
-        logger.info(
-            "%s: started with GPUs %s (%.1f ms)", who, ",".join(bus_ids) or "none", ms, extra={"nri_gpu": fields}
-        )
-
-    def _log_start_refusal(
-        self, pod: api.PodSandbox, container: api.Container, began: float, reason: str, exc: Exception
-    ) -> None:
-        ms = self._took(STEP_START, began)
-        fields = _fields("StartContainer", pod, container, decision="start_refused", reason=reason, duration_ms=ms)
-        logger.warning("%s: start refused: %s", describe(pod, container), exc, extra={"nri_gpu": fields})
+        with self._decisions.record(START, pod, container) as decision:
+            who = describe(pod, container)
+            kept = self._pending.pop(container.id, None)
+            try:
+                plan = kept or await self._replan(pod, container)
+                if plan is None:
+                    return
+                # The IPC endpoints to compare with the host's: what the container was
+                # given. A plan made again now may list others (a daemon gone or started
+                # since its creation); the container's own mounts say what it got.
+                mounted = ipc_in_mounts(((m.source, m.destination) for m in container.mounts), self._config)
+            except EngineError as exc:  # a mount source outside engine.host_root
+                raise PluginError(str(exc)) from exc
+            ipc = mounted if kept is None else tuple(sorted({*plan.ipc, *mounted}))
+            try:
+                pid = container.pid or find_init_pid(container.linux.cgroups_path, container=who)
+                await self._starter(
+                    pid,
+                    start_work(
+                        plan,
+                        who,
+                        self._config.proc_root,
+                        self._config.ld_cache,
+                        container.linux.cgroups_path,
+                        driver_root=self._config.driver_root,
+                        ipc=ipc,
+                        cuda_compat=self._config.policy.cuda_compat,
+                        driver_version=self._inventory.current().driver_version or "",
+                    ),
+                    ldconfig=self._config.ldconfig,
+                    # What the runtime still gives this request: the worker is killed in
+                    # time for the refusal to reach it (budget.REPLY_MARGIN).
+                    timeout=budget.left(),
+                    # The engine's steps go into the decision line and under "start/<step>".
+                    on_report=lambda report: self._on_start_report(
+                        who, decision.steps_ms, report.timings_ms, report.cuda_compat
+                    ),
+                )
+            except EngineError as exc:
+                # The decision line and the stub already name the container and pod; keep the step and cause.
+                raise PluginError(f"{exc.step}: {exc.error}" if isinstance(exc, StartError) else str(exc)) from exc
+            bus_ids = list(plan.visible_bus_ids)
+            decision.allow(Outcome.STARTED, f"started with GPUs {','.join(bus_ids) or 'none'}", gpus=bus_ids)
 
     async def _replan(self, pod: api.PodSandbox, container: api.Container) -> Plan | None:
         """The plan of a container created without this process's knowledge.

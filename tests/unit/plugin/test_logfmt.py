@@ -244,3 +244,26 @@ def test_a_handler_bug_is_an_error_decision_timed_and_counted(
     # The traceback is the stub's, once.
     assert [r.name for r in caplog.records if r.exc_info] == ["plugin.stub"]
 
+
+def test_a_container_that_asks_for_nothing_is_one_debug_line_untimed(
+    node: SimNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    metrics = PluginMetrics()
+
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
+        p, c = pod("web"), container("plain")
+        assert not (await rt.create_container(p, c)).HasField("adjust")
+        c.pid = 1
+        await rt.state_change(Event.START_CONTAINER, p, c)
+
+    with caplog.at_level(logging.DEBUG, logger="plugin.handlers"):
+        asyncio.run(connected(gpu_plugin(node, None, metrics), body, metrics=metrics))
+    lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records if hasattr(r, "nri_gpu")]
+    assert [(line["event"], line["decision"], line["level"]) for line in lines] == [
+        ("CreateContainer", "nothing_asked", "debug"),
+        ("StartContainer", "nothing_asked", "debug"),
+    ]
+    assert lines[0]["message"] == 'container "plain" in pod "default/web": asks for nothing'
+    assert "duration_ms" not in lines[0]
+    assert steps(metrics, "plan") == steps(metrics, "start") == 0
+
