@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from engine.config import EngineConfig
 from engine.discover import InventoryCache, current_ipc
@@ -28,9 +27,10 @@ from engine.start.work import start_work
 from plugin import budget
 from plugin._proto import nri_pb2 as api
 from plugin.adjustment import GPUS_ANNOTATION, to_adjustment
-from plugin.decisions import CREATE, START, Decisions, Outcome
+from plugin.decisions import CREATE, START, VALIDATE, Decisions, Outcome, subject_fields
 from plugin.errors import PluginError
 from plugin.inventory import LiveInventory
+from plugin.logfmt import EXTRA_KEY
 from plugin.metrics import PluginMetrics
 from plugin.offloop import map_until
 from plugin.request import container_info, describe, may_request
@@ -416,32 +416,31 @@ class GpuPlugin:
         """
         pod, container = request.pod, request.container
         if not may_request(pod, container, self._config.policy):
+            self._decisions.nothing_asked(VALIDATE, pod, container)
             return
-        answered = self._answered.pop(container.id, _UNANSWERED)
-        if answered is None:
-            return
-        if answered is _UNANSWERED:
-            reason = (
-                "it may ask for GPUs but nri-gpu was not asked for its CreateContainer (nri-gpu registered while it "
-                "was being created, or restarted since): refusing to create it without its GPUs; try again"
-            )
-        else:
+        with self._decisions.record(VALIDATE, pod, container) as decision:
+            answered = self._answered.pop(container.id, _UNANSWERED)
+            if answered is None:
+                return
+            if answered is _UNANSWERED:
+                raise PluginError(
+                    "it may ask for GPUs but nri-gpu was not asked for its CreateContainer (nri-gpu registered while "
+                    "it was being created, or restarted since): refusing to create it without its GPUs; try again"
+                )
             got = request.adjust.annotations.get(GPUS_ANNOTATION)
             if got == answered:
+                decision.allow(Outcome.PASSED, f"passed ({GPUS_ANNOTATION} {got})")
                 return
             why = (
                 "nri-gpu's CreateContainer reply did not reach the runtime in time; try again"
                 if got is None
                 else "another plugin changed it"
             )
-            reason = (
+            raise PluginError(
                 f"it asks for GPUs but the adjustment the runtime is about to apply is not nri-gpu's "
                 f"({GPUS_ANNOTATION} is {'missing' if got is None else repr(got)}, nri-gpu answered {answered!r}): "
                 f"{why}"
             )
-        fields = _fields("ValidateContainerAdjustment", pod, container, decision="rejected", reason=reason)
-        logger.warning("%s: rejected: %s", describe(pod, container), reason, extra={"nri_gpu": fields})
-        raise PluginError(reason)
 
 
 # At most this many CreateContainer answers wait for their validation; far more
@@ -452,26 +451,11 @@ _UNANSWERED = "\0unanswered"  # not a value of our annotation (``Plan.device_nam
 
 def _name_running(pod: api.PodSandbox, container: api.Container, decision: str, state: str, reason: str) -> None:
     """One loud line for a running container that Synchronize found short of our work."""
-    fields = _fields("Synchronize", pod, container, decision=decision, reason=reason)
+    fields = subject_fields("Synchronize", pod, container, decision=decision, reason=reason)
     logger.warning(
         "%s runs %s: %s; delete it and create it again",
         describe(pod, container),
         state,
         reason,
-        extra={"nri_gpu": fields},
+        extra={EXTRA_KEY: fields},
     )
-
-
-def _fields(event: str, pod: api.PodSandbox, container: api.Container, **more: Any) -> dict[str, Any]:
-    """The structured form of a decision log line (the JSON log format shows it)."""
-    fields: dict[str, Any] = {
-        "event": event,
-        "pod": pod.name,
-        "namespace": pod.namespace,
-        "container": container.name,
-        "container_id": container.id,
-    }
-    fields.update(more)
-    if "duration_ms" in fields:
-        fields["duration_ms"] = round(fields["duration_ms"], 3)
-    return fields

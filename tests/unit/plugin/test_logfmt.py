@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from engine.start.work import StartReport, StartWork
+from plugin._proto import nri_pb2 as api
 from plugin.events import Event
 from plugin.logfmt import TEXT_FORMAT, JsonFormatter, make_formatter
 from plugin.metrics import PluginMetrics
@@ -267,3 +268,30 @@ def test_a_container_that_asks_for_nothing_is_one_debug_line_untimed(
     assert "duration_ms" not in lines[0]
     assert steps(metrics, "plan") == steps(metrics, "start") == 0
 
+
+def test_validation_decisions_are_timed_lines(node: SimNode, caplog: pytest.LogCaptureFixture) -> None:
+    """A pass is debug, a rejection warning with its reason; both timed, neither under a /metrics step."""
+    metrics = PluginMetrics()
+
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
+        p = pod("train", "ml", annotations={"nvidia.com/gpus": "1"})
+        _, verdict = await rt.create_and_validate(p, container("ok"))
+        assert verdict is not None and not verdict.reject
+        verdict = await rt.validate(p, container("unasked"), api.ContainerAdjustment())
+        assert verdict.reject
+
+    with caplog.at_level(logging.DEBUG, logger="plugin.handlers"):
+        asyncio.run(connected(gpu_plugin(node, None, metrics), body, metrics=metrics, runtime_version="2.2.0"))
+    lines = [
+        json.loads(JsonFormatter().format(r))
+        for r in caplog.records
+        if hasattr(r, "nri_gpu") and r.nri_gpu["event"] == "ValidateContainerAdjustment"
+    ]
+    assert [(line["container"], line["decision"], line["level"]) for line in lines] == [
+        ("ok", "passed", "debug"),
+        ("unasked", "rejected", "warning"),
+    ]
+    assert all(line["duration_ms"] >= 0 for line in lines)
+    assert lines[1]["reason"].startswith("it may ask for GPUs but nri-gpu was not asked for its CreateContainer")
+    assert lines[1]["message"] == f'container "unasked" in pod "ml/train": rejected: {lines[1]["reason"]}'
+    assert metrics.value("nri_gpu_errors_total", kind="refused") == 1
