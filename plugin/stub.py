@@ -21,7 +21,9 @@ once, derives the subscription mask from them, and then owns the protocol:
 
 A handler exception becomes an error status whose message names the plugin,
 the event, the container and the cause; the connection survives it. Only a
-refused registration (bad name or index) is fatal.
+refused registration (bad name or index) is fatal. The stub counts every
+request and every failed one by kind; logging a refusal is the plugin's (its
+decision line, ``plugin.decisions``), a bug's traceback the stub's.
 """
 
 from __future__ import annotations
@@ -336,7 +338,9 @@ class Stub:
         except Exception as exc:
             what = describe(_rpc_name(event), pod, container)
             if isinstance(exc, PluginError):
-                logger.warning("%s refused: %s", what, exc)
+                # A refusal is the plugin's decision, logged by it once with its fields
+                # (plugin.decisions); here only for tracing what the runtime was answered.
+                logger.debug("%s refused: %s", what, exc)
                 cause = str(exc)
                 kind = ERROR_START_FAILED if event is Event.START_CONTAINER else ERROR_REFUSED
             else:

@@ -269,6 +269,19 @@ def test_a_container_that_asks_for_nothing_is_one_debug_line_untimed(
     assert steps(metrics, "plan") == steps(metrics, "start") == 0
 
 
+def test_a_refusal_is_one_warning_line(node: SimNode, caplog: pytest.LogCaptureFixture) -> None:
+    """The decision line says it; the stub, which answers the runtime, does not say it again."""
+
+    async def body(rt: FakeRuntime, stub: Stub) -> None:
+        with pytest.raises(StatusError, match="GPU 7 does not exist"):
+            await rt.create_container(pod("bad", "ml", annotations={"nvidia.com/gpus": "7"}), container("x"))
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(connected(gpu_plugin(node, None), body))
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and warned[0].startswith('container "x" in pod "ml/bad": refused: annotation ')
+
+
 def test_validation_decisions_are_timed_lines(node: SimNode, caplog: pytest.LogCaptureFixture) -> None:
     """A pass is debug, a rejection warning with its reason; both timed, neither under a /metrics step."""
     metrics = PluginMetrics()
