@@ -27,20 +27,7 @@ def test_percentiles_interpolate_between_ranks() -> None:
     assert grows([30.0 + i for i in range(10)], tolerance=1.0)
 
 
-def test_log_parser_reads_decisions_and_start_steps() -> None:
-    text = "\n".join([
-        json.dumps({"level": "info", "message": "m", "event": "StartContainer", "pod": "bench-x-1",
-                    "container": "main", "container_id": "c1", "decision": "started", "duration_ms": 25.5}),
-        json.dumps({"level": "debug", "message": "container \"main\" in pod \"default/bench-x-1\": start steps (ms) "
-                    "{'enter': 1.5, 'total': 20.25}"}),
-        "Traceback (most recent call last):",
-    ])
-    log = parse_log(text)
-    assert log.durations("StartContainer", "bench-x-") == [25.5]
-    assert log.steps("bench-x-") == [{"enter": 1.5, "total": 20.25}]
-
-
-def test_log_parser_prefers_the_steps_of_the_decision_lines() -> None:
+def test_log_parser_reads_the_decision_lines_and_nothing_else() -> None:
     text = "\n".join([
         json.dumps({"level": "info", "message": "m", "event": "CreateContainer", "pod": "bench-x-1",
                     "container": "main", "container_id": "c1", "decision": "allocated", "duration_ms": 0.5,
@@ -48,12 +35,24 @@ def test_log_parser_prefers_the_steps_of_the_decision_lines() -> None:
         json.dumps({"level": "info", "message": "m", "event": "StartContainer", "pod": "bench-x-1",
                     "container": "main", "container_id": "c1", "decision": "started", "duration_ms": 14.0,
                     "steps_ms": {"enter": 1.0, "total": 11.0}}),
-        json.dumps({"level": "debug", "message": "container \"main\" in pod \"default/bench-x-1\": start steps (ms) "
+        # What plugins before the decision lines carried the start steps logged: words, not read.
+        json.dumps({"level": "debug", "message": "container \"main\" in pod \"default/bench-x-2\": start steps (ms) "
                     "{'enter': 9.0, 'total': 99.0}"}),
+        # A decision without a duration (the pre-filter's) times nothing.
+        json.dumps({"level": "debug", "message": "m", "event": "CreateContainer", "pod": "bench-x-3",
+                    "container": "main", "container_id": "c3", "decision": "nothing_asked"}),
+        json.dumps({"level": "warning", "message": "refused: why", "event": "CreateContainer", "pod": "bench-x-4",
+                    "container": "main", "container_id": "c4", "decision": "refused", "duration_ms": 0.2}),
+        "Traceback (most recent call last):",
     ])
     log = parse_log(text)
+    assert [(d.pod, d.decision) for d in log.decisions] == [
+        ("bench-x-1", "allocated"), ("bench-x-1", "started"), ("bench-x-4", "refused")
+    ]
+    assert log.durations("StartContainer", "bench-x-") == [14.0]
     assert log.steps("bench-x-", "CreateContainer") == [{"request": 0.1, "plan": 0.25, "adjustment": 0.05}]
     assert log.steps("bench-x-") == [{"enter": 1.0, "total": 11.0}]
+    assert log.errors == ("refused: why",)
 
 
 def test_tiny_run_on_one_containerd(tmp_path: Path) -> None:

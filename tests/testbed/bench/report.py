@@ -78,11 +78,8 @@ def handler_dict(log: PluginLog) -> dict[str, Any]:
         for name in START_STEPS:
             series[f"start/{name}"] = [t[name] for t in starts if name in t]
         handler = [d for d in log.decisions if d.event == "StartContainer" and d.pod.startswith(prefix)]
-        totals = {s.pod: s.timings_ms.get("total", 0.0) for s in log.start_steps if s.pod.startswith(prefix)}
         series["start: fork, pipe, reap (handler - total)"] = [
-            d.duration_ms - (d.steps_ms or {"total": totals.get(d.pod, d.duration_ms)}).get("total", 0.0)
-            for d in handler
-            if d.steps_ms or d.pod in totals
+            d.duration_ms - d.steps_ms["total"] for d in handler if "total" in d.steps_ms
         ]
         out[v.name] = {name: summarize(values).as_dict() for name, values in series.items() if values}
     return out
