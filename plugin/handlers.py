@@ -232,7 +232,6 @@ class GpuPlugin:
             return adjustment
 
     def _on_start_report(self, who: str, into: dict[str, float], timings_ms: dict[str, float], cuda_compat: str) -> None:
-        logger.debug("%s: start steps (ms) %s", who, timings_ms)
         if cuda_compat:
             logger.info("%s: CUDA forward compatibility: %s", who, cuda_compat)
         into.update(timings_ms)

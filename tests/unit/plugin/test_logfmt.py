@@ -121,10 +121,12 @@ def test_decisions_are_structured_and_measured(node: SimNode, caplog: pytest.Log
         with pytest.raises(StatusError):
             await rt.create_container(pod("bad", "ml", annotations={"nvidia.com/gpus": "7"}), container("x"))
 
-    with caplog.at_level(logging.INFO, logger="plugin.handlers"):
+    with caplog.at_level(logging.DEBUG, logger="plugin.handlers"):
         asyncio.run(connected(gpu_plugin(node, starter, metrics), body, metrics=metrics))
     lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records if hasattr(r, "nri_gpu")]
     allocated, started, refused = lines
+    # The start engine's steps are the started line's fields, not a line of their own in words.
+    assert not [r for r in caplog.records if "start steps" in r.getMessage()]
     assert allocated["message"].startswith('container "main" in pod "ml/train": GPUs 1, capabilities ')
     assert {k: allocated[k] for k in ("event", "pod", "namespace", "container", "decision", "gpus")} == {
         "event": "CreateContainer",
