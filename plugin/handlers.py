@@ -5,6 +5,8 @@ an annotation). StartContainer: the part a spec edit cannot do, in the
 container's mount namespace (see ``engine.start``). A container that asks for
 nothing is turned away by ``may_request`` before any work; an engine refusal
 becomes a PluginError whose message the runtime shows in the failed CRI call.
+The handlers hold the logic only: each runs inside ``plugin.decisions``, which
+times it, counts it and writes its one decision line.
 """
 
 from __future__ import annotations
