@@ -30,13 +30,12 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
-import grpc
 import pytest
 
 from engine.config import EngineConfig
 from plugin._proto import nri_pb2 as api
 from plugin.handlers import GpuPlugin
-from tests.testbed.cri import CriClient, CriError
+from tests.testbed.cri import CriClient, CriError, StatusCode
 from tests.testbed.gpunode import SimGpu, SimNode, build_node
 from tests.testbed.images import GLIBC
 from tests.testbed.plugins import (
@@ -220,7 +219,7 @@ class Creator:
         # After UNAVAILABLE dial again at once: a gRPC channel would otherwise sit out
         # its reconnect backoff (1 s and more) and miss the moments right after a
         # restart, the ones that matter. kubelet retries as promptly.
-        if exc.code == grpc.StatusCode.UNAVAILABLE:
+        if exc.code == StatusCode.UNAVAILABLE:
             configs = self.cri._pod_configs
             self.cri.close()
             self.cri = self._client()

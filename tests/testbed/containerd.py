@@ -27,9 +27,8 @@ import tomllib
 from pathlib import Path
 from types import TracebackType
 
-import grpc
-
 from . import containerd_config, hostops, runtimes
+from .grpc_process import GrpcChannel, RpcFailure
 
 __all__ = ["CGROUP_ROOT", "Containerd", "ContainerdError", "reap_stale"]
 
@@ -186,23 +185,25 @@ class Containerd:
         # otherwise wait grpc's default 1 s before trying again.
         options = [("grpc.initial_reconnect_backoff_ms", 10), ("grpc.min_reconnect_backoff_ms", 10),
                    ("grpc.max_reconnect_backoff_ms", 50)]
-        with grpc.insecure_channel(f"unix://{self.address}", options=options) as channel:
+        channel = GrpcChannel(f"unix://{self.address}", options)
+        try:
             # The CRI Version call needs no generated stubs: an empty request message
             # serialises to b"". It fails with "server is not initialized yet" until
             # CRI (and with it the NRI registration of k8s.io) is up.
-            version = channel.unary_unary("/runtime.v1.RuntimeService/Version")
             while time.monotonic() < deadline:
                 if not self.is_running:
                     code = self._proc.returncode if self._proc else "?"
                     raise ContainerdError(f"containerd {self.version} exited ({code}) during start:\n{self.log_tail()}")
                 try:
-                    version(b"", timeout=1.0)
+                    channel.call("/runtime.v1.RuntimeService/Version", b"", timeout=1.0)
                     if self.nri_socket.exists() or not self.nri_enabled():
                         return
                     last_error = f"NRI socket {self.nri_socket} missing"
-                except grpc.RpcError as exc:
-                    last_error = f"{exc.code().name}: {exc.details()}"
+                except RpcFailure as exc:
+                    last_error = str(exc)
                 time.sleep(0.02)
+        finally:
+            channel.close()
         raise ContainerdError(
             f"containerd {self.version} not ready after {timeout}s ({last_error}):\n{self.log_tail()}")
 

@@ -6,10 +6,15 @@ Debian's cri-api package. They are never committed.
 
 Stub generation: the proto is copied into ``<cache>/cri-stubs/<hash>/`` as
 ``nri_gpu_cri_v1/api.proto`` with its gogoproto import and options deleted (Go-only
-code-generation hints), then compiled with grpc_tools.protoc. Because the proto sits in
-a directory named after a package of our own, the generated gRPC module imports
-``nri_gpu_cri_v1.api_pb2`` rather than a bare ``api_pb2`` that could clash with another
-generated module; the package is loaded from its directory without touching sys.path.
+code-generation hints), then compiled with grpc_tools.protoc (messages only: which
+loads no gRPC). Because the proto sits in a directory named after a package of our
+own, it is registered as ``nri_gpu_cri_v1/api.proto``, not as a bare ``api.proto``
+that could clash with another generated module; the package is loaded from its
+directory without touching sys.path.
+
+Calls: this process only serialises requests and parses responses (protobuf);
+the RPCs themselves are made by the gRPC process (``grpc_process``), so that gRPC
+never shares a process with a plugin that forks its start worker.
 
 Errors: every RPC failure is raised as ``CriError`` whose str() holds the method, the
 gRPC status code and the runtime's message, e.g. an NRI plugin's refusal text in a
@@ -17,6 +22,7 @@ failed CreateContainer.
 """
 from __future__ import annotations
 
+import enum
 import hashlib
 import importlib
 import importlib.metadata
@@ -26,6 +32,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -33,12 +40,11 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
-import grpc
-
 from . import debs
 from .cache import cache_dir, locked
+from .grpc_process import GrpcChannel, RpcFailure
 
-__all__ = ["ContainerInfo", "CriClient", "CriError", "load_stubs", "parse_cri_log", "stubs_dir"]
+__all__ = ["ContainerInfo", "CriClient", "CriError", "StatusCode", "load_stubs", "parse_cri_log", "stubs_dir"]
 
 _CRI_DEB = ("golang-github-kubernetes-cri-api-dev", "trixie", "0.32.*")
 _PROTO_IN_DEB = "usr/share/gocode/src/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto"
@@ -47,12 +53,35 @@ _DEFAULT_CGROUP_PARENT = "/nri-gpu-e2e"
 
 # NamespaceMode values of the CRI proto (POD=0, CONTAINER=1, NODE=2, TARGET=3).
 _NS_CONTAINER, _NS_NODE = 1, 2
+_SERVICES = {"runtime": "RuntimeService", "images": "ImageService"}
+
+
+class StatusCode(enum.Enum):
+    """gRPC's status codes (``grpc.StatusCode``, whose names they have), without gRPC."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
 
 
 class CriError(RuntimeError):
-    """A CRI call failed. ``code`` is the grpc.StatusCode, ``details`` the runtime's text."""
+    """A CRI call failed. ``code`` is the ``StatusCode``, ``details`` the runtime's text."""
 
-    def __init__(self, method: str, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, method: str, code: StatusCode, details: str) -> None:
         super().__init__(f"CRI {method} failed: {code.name}: {details}")
         self.method, self.code, self.details = method, code, details
 
@@ -67,18 +96,19 @@ def stubs_dir() -> Path:
     text = proto.read_text()
     cleaned = "".join(line for line in text.splitlines(keepends=True) if "gogo" not in line)
     try:
-        # The generator's version is part of the key: another protoc writes other code.
+        # The generator's version is part of the key: another protoc writes other code
+        # ("messages": no gRPC module is generated, unlike in the directories of before).
         tools_version = importlib.metadata.version("grpcio-tools")
     except importlib.metadata.PackageNotFoundError as exc:
         raise RuntimeError("grpcio-tools is needed to generate the CRI stubs (pip install '.[test]')") from exc
-    key = hashlib.sha256(f"{tools_version}\0{cleaned}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{tools_version}\0messages\0{cleaned}".encode()).hexdigest()[:16]
     root = cache_dir() / "cri-stubs"
     final = root / key
-    if (final / _PKG / "api_pb2_grpc.py").is_file():
+    if (final / _PKG / "api_pb2.py").is_file():
         return final
     root.mkdir(parents=True, exist_ok=True)
     with locked(root / ".lock"):
-        if (final / _PKG / "api_pb2_grpc.py").is_file():
+        if (final / _PKG / "api_pb2.py").is_file():
             return final
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=".gen-"))
         try:
@@ -86,8 +116,7 @@ def stubs_dir() -> Path:
             (tmp / _PKG / "api.proto").write_text(cleaned)
             (tmp / _PKG / "__init__.py").write_text('"""CRI v1 stubs generated by tests/testbed/cri.py."""\n')
             from grpc_tools import protoc
-            rc = protoc.main(["protoc", f"-I{tmp}", f"--python_out={tmp}", f"--grpc_python_out={tmp}",
-                              str(tmp / _PKG / "api.proto")])
+            rc = protoc.main(["protoc", f"-I{tmp}", f"--python_out={tmp}", str(tmp / _PKG / "api.proto")])
             if rc != 0:
                 raise RuntimeError(f"protoc failed ({rc}) on the CRI api.proto from {proto}")
             os.chmod(tmp, 0o755)
@@ -98,10 +127,10 @@ def stubs_dir() -> Path:
     return final
 
 
-def load_stubs() -> tuple[ModuleType, ModuleType]:
-    """Return the (api_pb2, api_pb2_grpc) modules, generating them if needed."""
-    if f"{_PKG}.api_pb2_grpc" in sys.modules:
-        return sys.modules[f"{_PKG}.api_pb2"], sys.modules[f"{_PKG}.api_pb2_grpc"]
+def load_stubs() -> ModuleType:
+    """Return the ``api_pb2`` module (the messages), generating it if needed."""
+    if f"{_PKG}.api_pb2" in sys.modules:
+        return sys.modules[f"{_PKG}.api_pb2"]
     pkg_dir = stubs_dir() / _PKG
     spec = importlib.util.spec_from_file_location(
         _PKG, pkg_dir / "__init__.py", submodule_search_locations=[str(pkg_dir)])
@@ -109,7 +138,7 @@ def load_stubs() -> tuple[ModuleType, ModuleType]:
     package = importlib.util.module_from_spec(spec)
     sys.modules[_PKG] = package
     spec.loader.exec_module(package)
-    return importlib.import_module(f"{_PKG}.api_pb2"), importlib.import_module(f"{_PKG}.api_pb2_grpc")
+    return importlib.import_module(f"{_PKG}.api_pb2")
 
 
 # --------------------------------------------------------------------------- logs
@@ -173,18 +202,24 @@ class CriClient:
 
     def __init__(self, address: str | Path, *, cgroup_parent: str = _DEFAULT_CGROUP_PARENT,
                  log_root: Path | None = None, timeout: float = 30.0) -> None:
-        self.pb, grpc_mod = load_stubs()
+        self.pb = load_stubs()
         self.address = str(address)
         self.cgroup_parent = cgroup_parent
         self.log_root = Path(log_root) if log_root else Path(tempfile.mkdtemp(prefix="nri-gpu-cri-logs-"))
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(f"unix://{self.address}")
-        self.runtime = grpc_mod.RuntimeServiceStub(self._channel)
-        self.images = grpc_mod.ImageServiceStub(self._channel)
+        self._services = {name: self.pb.DESCRIPTOR.services_by_name[name] for name in _SERVICES.values()}
+        # Channels not in a call; a thread calling while all are busy opens one more.
+        self._idle: list[GrpcChannel] = []
+        self._lock = threading.Lock()
+        self._closed = False
         self._pod_configs: dict[str, Any] = {}
 
     def close(self) -> None:
-        self._channel.close()
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for channel in idle:
+            channel.close()
 
     def __enter__(self) -> CriClient:
         return self
@@ -195,11 +230,32 @@ class CriClient:
 
     def call(self, method: str, request: Any, timeout: float | None = None, service: str = "runtime") -> Any:
         """Call any CRI method by name, e.g. ``call("Status", pb.StatusRequest())``."""
-        stub = self.runtime if service == "runtime" else self.images
+        descriptor = self._services[_SERVICES[service]]
+        reply_type = getattr(self.pb, descriptor.methods_by_name[method].output_type.name)
+        path = f"/{descriptor.full_name}/{method}"
+        channel = self._channel()
         try:
-            return getattr(stub, method)(request, timeout=timeout or self.timeout)
-        except grpc.RpcError as exc:
-            raise CriError(method, exc.code(), exc.details() or "") from None
+            data = channel.call(path, request.SerializeToString(), timeout or self.timeout)
+        except RpcFailure as exc:
+            raise CriError(method, StatusCode[exc.code], exc.details) from None
+        finally:
+            self._release(channel)
+        return reply_type.FromString(data)
+
+    def _channel(self) -> GrpcChannel:
+        with self._lock:
+            if self._closed:
+                raise ValueError("the CRI client is closed")
+            if self._idle:
+                return self._idle.pop()
+        return GrpcChannel(f"unix://{self.address}")
+
+    def _release(self, channel: GrpcChannel) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.append(channel)
+                return
+        channel.close()
 
     # -- runtime info
 
@@ -344,20 +400,20 @@ class CriClient:
                 try:
                     step(pod.id)
                 except CriError as exc:
-                    if exc.code != grpc.StatusCode.NOT_FOUND:
+                    if exc.code != StatusCode.NOT_FOUND:
                         errors.append(str(exc))
         for container in self.list_containers():
             try:
                 self.remove_container(container.id)
             except CriError as exc:
-                if exc.code != grpc.StatusCode.NOT_FOUND:
+                if exc.code != StatusCode.NOT_FOUND:
                     errors.append(str(exc))
         if errors:
             raise RuntimeError("CRI clean-up incomplete:\n" + "\n".join(errors))
 
     @staticmethod
     def _ns_options() -> Any:
-        pb = load_stubs()[0]
+        pb = load_stubs()
         # Host network (there is no CNI in the test bed); a pid namespace per container
         # as kubelet's default; IPC shared in the pod.
         return pb.NamespaceOption(network=_NS_NODE, pid=_NS_CONTAINER)

@@ -36,6 +36,9 @@ class PluginThread:
     """A plugin object served by our stub on its own event loop in a background thread."""
 
     def __init__(self, plugin: object, socket: Path, *, name: str = "e2e-test", index: str = "50") -> None:
+        # The plugin forks its start worker: no gRPC in the process (see grpc_process).
+        loaded = sorted(m for m in sys.modules if m == "grpc" or m.startswith("grpc."))
+        assert not loaded, f"gRPC is loaded in the process that would host the plugin: {loaded[:3]}"
         self.plugin = plugin
         self.config = PluginConfig(socket=str(socket), name=name, index=index, reconnect_max=0.2)
         self.stub: Stub | None = None
