@@ -1,7 +1,7 @@
 """The trusted ldconfig's process: confined, then exec'ed. Runs in a fresh fork only.
 
 Forked by the worker (inside the container's mount namespace) into a fresh pid
-namespace of its own, with ``fork_raw`` (see ``ldconfig._fork``), it:
+namespace of its own (see ``ldconfig._fork``), it:
 
 * takes a private copy of the mount namespace (``unshare``), so what it
   mounts is seen by itself alone, and makes every mount in it private,
@@ -166,7 +166,12 @@ def _become_nobody() -> None:
     cap = 0
     while syscalls.capbset_drop(cap):  # every capability the kernel knows, whatever this Python knows of
         cap += 1
-    syscalls.set_ids(UID, UID)  # from uid 0 to another: the kernel clears every capability
+    # No supplementary groups, then real, effective and saved gid and uid (from uid 0
+    # to another, the kernel clears every capability). glibc applies each to every
+    # thread it knows of: after a fork, this one alone.
+    os.setgroups([])
+    os.setresgid(UID, UID, UID)
+    os.setresuid(UID, UID, UID)
     syscalls.capset(frozenset())  # and we make sure
     syscalls.no_new_privs()
 

@@ -300,16 +300,16 @@ def _fork(trusted: Trusted, output: int, cache: int) -> int:
     """The ldconfig process, pid 1 of a fresh pid namespace (not the container's:
     nothing of the pod can see it); its pid as the worker sees it.
 
-    Made with ``fork_raw``: ``os.fork`` would run every library's at-fork
-    handlers, and some start threads (gRPC's), which the kernel refuses in a
-    process that has set another pid namespace for its children, and retry
-    forever. The worker is single-threaded and holds the GIL: safe.
+    A plain ``os.fork`` of the single-threaded worker. Its at-fork handlers are
+    the plugin's, which start no thread (the kernel would refuse one in a process
+    that has set another pid namespace for its children): the plugin loads no
+    library that does so (gRPC's would, and lives in the test bed's own process).
     """
     worker = os.pidfd_open(os.getpid())  # how the child tells that this process died
     try:
         syscalls.unshare(syscalls.CLONE_NEWPID)  # for the child made next
         try:
-            pid = syscalls.fork_raw()
+            pid = os.fork()
             if pid == 0:
                 confine.exec_confined(trusted, output, cache, worker)  # never returns
         finally:

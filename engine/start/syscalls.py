@@ -46,7 +46,6 @@ __all__ = [
     "UMOUNT_NOFOLLOW",
     "capbset_drop",
     "capset",
-    "fork_raw",
     "fsconfig",
     "fsmount",
     "fsopen",
@@ -57,7 +56,6 @@ __all__ = [
     "openat2",
     "parent_death_signal",
     "set_dumpable",
-    "set_ids",
     "setns",
     "umount2",
     "unshare",
@@ -111,8 +109,8 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 # The mount-API and openat2 numbers come from the generic table and are the same
 # on every architecture Linux added them to after 5.1; capset is per architecture.
 _SYSCALLS: dict[str, dict[str, int]] = {
-    "x86_64": {"capset": 126, "clone": 56, "setgroups": 116, "setresuid": 117, "setresgid": 119},
-    "aarch64": {"capset": 91, "clone": 220, "setgroups": 159, "setresuid": 147, "setresgid": 149},
+    "x86_64": {"capset": 126},
+    "aarch64": {"capset": 91},
 }
 _COMMON = {
     "open_tree": 428,
@@ -128,10 +126,6 @@ _NR = {**_COMMON, **_SYSCALLS.get(os.uname().machine, {})}
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
-# The same function called without releasing the GIL: for a raw clone, whose child
-# must hold it (no other thread can then be holding it in the copy).
-_syscall_gil = ctypes.PyDLL(None, use_errno=True).syscall
-_syscall_gil.restype = ctypes.c_long
 _libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 _libc.setns.restype = ctypes.c_int
 _libc.unshare.argtypes = [ctypes.c_int]
@@ -323,31 +317,3 @@ def capset(keep: frozenset[int]) -> None:
         word = (mask >> (32 * i)) & 0xFFFFFFFF
         data[i].effective, data[i].permitted, data[i].inheritable = word, word, 0
     _check(_call("capset", ctypes.byref(header), ctypes.byref(data)), "capset")
-
-
-def fork_raw() -> int:
-    """``clone(SIGCHLD)`` straight to the kernel: ``fork`` without any at-fork handler.
-
-    ``os.fork`` runs glibc's, CPython's and every library's ``pthread_atfork``
-    handlers; some start threads (gRPC's), which the kernel refuses once the
-    caller has set another pid namespace for its children, and then retry
-    forever. Safe only in a single-threaded caller that holds the GIL (the
-    start worker): no lock can be held by a thread that is not copied. In the
-    child, glibc's idea of its thread id is stale: use raw syscalls for
-    anything thread-directed (``setresuid`` below), and leave with ``os._exit``.
-    Returns 0 in the child, its pid in the parent.
-    """
-    sigchld = 17
-    zero = ctypes.c_long(0)
-    pid = int(_syscall_gil(ctypes.c_long(_number("clone")), ctypes.c_long(sigchld), zero, zero, zero, zero))
-    return _check(pid, "clone")
-
-
-def set_ids(uid: int, gid: int) -> None:
-    """No supplementary groups, then real, effective and saved gid and uid, by raw
-    syscalls: glibc's wrappers signal every thread it believes exists, and after
-    ``fork_raw`` that list is the parent's. (From uid 0 to another, the kernel
-    clears the capabilities.)"""
-    _check(_call("setgroups", ctypes.c_long(0), ctypes.c_void_p(None)), "setgroups")
-    _check(_call("setresgid", ctypes.c_long(gid), ctypes.c_long(gid), ctypes.c_long(gid)), "setresgid")
-    _check(_call("setresuid", ctypes.c_long(uid), ctypes.c_long(uid), ctypes.c_long(uid)), "setresuid")

@@ -670,15 +670,15 @@ def test_ldconfig_whose_worker_dies_as_it_changes_uid_does_not_run_orphaned(
     # and ldconfig sees no file of ours; a shared mapping survives both forks.
     told = mmap.mmap(-1, 1)
     workers: list[int] = []
-    real_spawn, real_set_ids = runner._spawn, syscalls.set_ids
+    real_spawn, real_setresuid = runner._spawn, os.setresuid
 
     def spawn(*args: object) -> tuple[int, int]:
         child, fd = real_spawn(*args)  # type: ignore[arg-type]
         workers.append(child)
         return child, fd
 
-    def set_ids(uid: int, gid: int) -> None:  # in the ldconfig process
-        real_set_ids(uid, gid)
+    def setresuid(ruid: int, euid: int, suid: int) -> None:  # in the ldconfig process
+        real_setresuid(ruid, euid, suid)
         told[0] = 1
         deadline = time.monotonic() + 5
         while told[0] != 2 and time.monotonic() < deadline:
@@ -696,7 +696,7 @@ def test_ldconfig_whose_worker_dies_as_it_changes_uid_does_not_run_orphaned(
             told[0] = 2
 
     monkeypatch.setattr(runner, "_spawn", spawn)
-    monkeypatch.setattr(syscalls, "set_ids", set_ids)
+    monkeypatch.setattr(os, "setresuid", setresuid)
     killer = threading.Thread(target=kill_the_worker)
     killer.start()
     try:
