@@ -118,10 +118,10 @@ def perform(
     step = _Steps(on_step)
     with step("enter"):
         mntns, host, roots = _open_host(pid, work, step, ldconfig_path)
-        # Joining a mount namespace needs a root and cwd no other thread shares.
-        # A fork has one thread, unless a library's at-fork handler starts more
-        # (gRPC's does): this thread's own copy makes setns work either way.
-        syscalls.unshare(syscalls.CLONE_FS)
+        # Joining a mount namespace needs a root and cwd no other thread shares
+        # (EINVAL otherwise). The worker is a fork, with one thread and its own
+        # copy of them; a thread some at-fork handler started would make this
+        # fail, and the start with it, rather than leave a thread outside.
         syscalls.setns(mntns, syscalls.CLONE_NEWNS)
         root = RootDir.current()
         for seen, whose in roots:

@@ -399,8 +399,9 @@ def _detach_from_caller(out: int) -> None:
     # bound, its NRI connection open (the runtime would see no EOF) or a pipe. The
     # worker opens all it needs itself; no object owning a closed fd is ever
     # finalised here (no collection, and the worker leaves by os._exit). A library
-    # whose at-fork handler starts threads on inherited fds (gRPC's, with its fork
-    # support on) would break here: the plugin loads none.
+    # whose at-fork handler starts threads on inherited fds would break here (gRPC's
+    # does): the plugin loads none, and the setns into the container refuses a
+    # worker with a second thread.
     os.closerange(3, out)
     os.closerange(out + 1, _FD_CEILING)
     gc.disable()  # a collection would write to every object, copying the shared pages

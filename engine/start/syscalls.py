@@ -21,7 +21,6 @@ __all__ = [
     "AT_FDCWD",
     "AT_RECURSIVE",
     "AT_SYMLINK_NOFOLLOW",
-    "CLONE_FS",
     "CLONE_NEWIPC",
     "CLONE_NEWNET",
     "CLONE_NEWNS",
@@ -62,7 +61,6 @@ __all__ = [
 ]
 
 # <linux/sched.h>
-CLONE_FS = 0x00000200
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000

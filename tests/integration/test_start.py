@@ -303,7 +303,6 @@ def _attach(pid: int, host_dir: Path, container_dir: str) -> None:
             tree = syscalls.open_tree(
                 syscalls.AT_FDCWD, str(host_dir), syscalls.OPEN_TREE_CLONE | syscalls.AT_RECURSIVE
             )
-            syscalls.unshare(syscalls.CLONE_FS)  # at-fork handlers may have started threads (see actions)
             syscalls.setns(os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY), syscalls.CLONE_NEWNS)
             target = RootDir.current().opendir(container_dir)
             syscalls.move_mount(
@@ -888,24 +887,25 @@ def test_an_unfinished_view_is_replaced(runc: RuncHost, plan: Plan, work: StartW
     assert c.run().splitlines()[0] == "gpus: " + " ".join(work.visible_bus_ids)
 
 
-def test_threads_started_by_an_at_fork_handler_do_not_stop_it(runc: RuncHost, plan: Plan, each: StartWork) -> None:
-    """Some libraries start threads in every forked child (gRPC does); a thread
-    sharing the worker's root and cwd would make the kernel refuse setns."""
-    import threading
+def test_a_worker_with_a_second_thread_is_refused_before_entering(
+    runc: RuncHost, plan: Plan, work: StartWork, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker joins the container's mount namespace only as the one thread of
+    its process: a thread started after the fork (as gRPC's at-fork handlers do)
+    would share its root and cwd, and the kernel refuses the setns then. The
+    start fails at "enter", and the container is not touched."""
+    real = runner._detach_from_caller
 
-    active = [True]  # an at-fork handler cannot be unregistered: it goes inert after the test
+    def detach_and_start_a_thread(out: int) -> None:  # in the worker
+        real(out)
+        threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
 
-    def start_a_thread() -> None:
-        if active:
-            threading.Thread(target=time.sleep, args=(0.5,), daemon=True).start()
-
-    os.register_at_fork(after_in_child=start_a_thread)
-    try:
-        c = gpu_container(runc, plan)
-        assert start(c.pid, each).procfs == "created"
-        assert c.run().splitlines()[1] == "ModifyDeviceFiles: 0"
-    finally:
-        active.clear()
+    monkeypatch.setattr(runner, "_detach_from_caller", detach_and_start_a_thread)
+    c = gpu_container(runc, plan, "true")
+    before = mounts(c.pid)
+    with pytest.raises(StartError, match=rf"^{WHO}: enter: setns\(nstype=0x20000\): Invalid argument$"):
+        run_start(c.pid, work)
+    assert mounts(c.pid) == before
 
 
 # --------------------------------------------------------------------------- security, part 2
