@@ -10,6 +10,8 @@ Modules (stdlib plus grpcio/protobuf; nothing is installed on the host):
 * ``containerd`` a private containerd daemon (start, restart, kill, scoped clean-up)
 * ``containerd_config`` its config.toml, version 2 (containerd 1.7) and 3 (2.x)
 * ``cri``        a CRI v1 client over stubs generated at test time from Debian's cri-api
+* ``grpc_process`` the one process that makes gRPC calls (the CRI client's), so that no test
+                 process hosting the plugin, which forks, loads gRPC
 * ``hostops``    scoped host clean-up: mounts under a path, cgroup trees, processes
 * ``gpunode``    a simulated GPU node: real NVIDIA 550.163.01 files from Debian, fake /proc and /dev
 * ``ldcaches``   ld.so.cache files (new, old, compat, hwcaps) written by the real ldconfig
