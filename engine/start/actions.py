@@ -4,8 +4,9 @@ Theory of operation. The worker starts in the plugin's namespaces and opens
 everything it needs from the host first, because afterwards the host is out of
 reach: the container's ``/proc/<pid>`` directory (pinning the process), its
 mount namespace, for ldconfig its procfs mount points and the trusted
-ldconfig binary, and with a simulated node the procfs view's source (files
-read, GPU directories and MIG capability files cloned). It checks first that the pid is the
+ldconfig binary, and what the procfs view's source strategy takes on the host
+(``procview.ProcSource.take_outside``: a simulated node's files read, GPU
+directories and MIG capability files cloned). It checks first that the pid is the
 container's: in the cgroup the runtime named, and neither sharing the mount
 namespace nor the root of the plugin or of pid 1 (in a DaemonSet the plugin's
 own are its container's; pid 1's, with the host's pid namespace, are the
@@ -99,8 +100,8 @@ class _Steps:
 class _Host:
     """Host-side handles, all opened before entering the container."""
 
+    proc_source: procview.ProcSource
     trusted: ldconfig.Trusted | None = None
-    proc_source: procview.Source | None = None
     ipc_seen: ipc.Seen = ()  # the IPC endpoints' host inodes, compared with the mounts inside
 
 
@@ -156,16 +157,14 @@ def perform_in_bundle(
         root = RootDir(fd)
         for seen, whose in _identities("root"):
             _refuse_host_root(root, seen, f"container root {rootfs} is {whose} root")
-        host = _Host()
+        host = _Host(procview.source_for(work.proc_source))
         if work.ipc:
             with step("IPC endpoints"):
                 host.ipc_seen = ipc.on_host(work)  # the hook sees the host's paths as they are
         if work.ldconfig_folders and work.ld_cache == "rebuild":
             with step("ldconfig"):
                 host.trusted = _trusted_here(root, rootfs, ldconfig_path)
-        if work.proc_source is not None:
-            with step("procfs isolation"):
-                host.proc_source = _host_source(work)
+        _take_proc_source(host, work, step)
     return _steps(root, host, work, step, deadline, started)
 
 
@@ -183,9 +182,17 @@ def _steps(live: RootDir, host: _Host, work: StartWork, step: _Steps, deadline: 
     with step("root copy"):
         copy = live.detached_copy()
     with step("procfs isolation"):
-        procfs = procview.isolate(
-            live, work.visible_bus_ids, host.proc_source, files=copy, caps=work.proc_caps, caps_all=work.proc_caps_all
-        )
+        try:
+            procfs = procview.isolate(
+                live,
+                work.visible_bus_ids,
+                host.proc_source,
+                files=copy,
+                caps=work.proc_caps,
+                caps_all=work.proc_caps_all,
+            )
+        finally:
+            host.proc_source.close()  # what was taken on the host and not used (a view kept)
     written = False
     with step("symlinks"):
         links.create(copy, work.symlinks)
@@ -235,16 +242,14 @@ def _open_host(pid: int, work: StartWork, step: _Steps, ldconfig_path: str) -> t
         if work.cgroups_path:
             _check_cgroup(proc, pid, work.cgroups_path)
         roots = _identities("root")
-        host = _Host()
+        host = _Host(procview.source_for(work.proc_source))
         if work.ipc:
             with step("IPC endpoints"):
                 host.ipc_seen = ipc.on_host(work)
         if work.ldconfig_folders and work.ld_cache == "rebuild":
             with step("ldconfig"):
                 host.trusted = _trusted(proc, ldconfig_path)
-        if work.proc_source is not None:
-            with step("procfs isolation"):
-                host.proc_source = _host_source(work)
+        _take_proc_source(host, work, step)
         return mntns, host, roots
     finally:
         os.close(proc)
@@ -301,18 +306,12 @@ def _check_cgroup(proc: int, pid: int, cgroups_path: str) -> None:
         raise WorkError(f"process {pid} is not in the container's cgroup {cgroups_path[:300]!r} (it is in {shown})")
 
 
-def _host_source(work: StartWork) -> procview.Source:
-    assert work.proc_source is not None
-    try:
-        tree = os.open(work.proc_source, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise WorkError(f"{work.proc_source}: {exc.strerror}") from exc
-    try:
-        return procview.take(
-            tree, work.visible_bus_ids, from_host=True, caps=work.proc_caps, caps_all=work.proc_caps_all
-        )
-    finally:
-        os.close(tree)
+def _take_proc_source(host: _Host, work: StartWork, step: _Steps) -> None:
+    """What the procfs view's source takes on the host, if anything (a simulated
+    node's tree: see ``procview``), timed as that step."""
+    if host.proc_source.takes_outside:
+        with step("procfs isolation"):
+            host.proc_source.take_outside(work.visible_bus_ids, work.proc_caps, work.proc_caps_all)
 
 
 def _proc_mounts(fd: int, name: str, note: str = "") -> tuple[str, ...]:

@@ -21,17 +21,23 @@ nodes. As legacy ``nvidia-container-cli`` did (and CDI does not), a fresh tmpfs
 then made read-only, ``nosuid,nodev,noexec``. runc refuses spec mounts under
 ``/proc``, so this is done from inside the container's mount namespace.
 
-One code path for a real node and a simulated one; only the *source* tree
-differs: the container's own ``/proc/driver/nvidia`` (real node), or a host
-directory (simulated node). Either way a ``Source`` is taken from it first (the
-copied files and a detached clone of each kept ``gpus/<bus>`` and capability
-file or folder, each opened without following any symlink): for a host
-directory in the host's mount namespace, before entering the container,
-because the kernel (6.18 checked) refuses to clone from a detached tree of
-another namespace; for the container's own, inside it, before the view hides
-it. The clones are then carried in and attached with ``move_mount``. Where the
-container has no ``/proc/driver/nvidia`` (simulated node: procfs cannot
-mkdir), the view goes over ``/proc/driver`` with an ``nvidia/`` level.
+One code path for a real node and a simulated one; what differs is the
+``ProcSource`` strategy, chosen once from the config by ``source_for``:
+
+* ``DriverProcfs`` (a real node): the source is the container's own
+  ``/proc/driver/nvidia``, taken inside, before the view hides it, and the
+  view goes over it;
+* ``HostDirectory`` (a simulated node, whose procfs has no driver): the source
+  is a host directory, taken in the host's mount namespace before entering
+  the container, because the kernel (6.18 checked) refuses to clone from a
+  detached tree of another namespace; the view goes over the container's
+  ``/proc/driver/nvidia`` if it has one, else over ``/proc/driver`` with an
+  ``nvidia/`` level (procfs cannot mkdir).
+
+Either way a ``Source`` is taken (the copied files and a detached clone of each
+kept ``gpus/<bus>`` and capability file or folder, each opened without
+following any symlink); the clones are then carried in and attached with
+``move_mount``.
 
 Order, chosen to need only what Linux 5.12 offers (``mount_setattr``): the
 view is filled while detached (files, folders, empty mount points), attached,
@@ -48,13 +54,25 @@ import errno
 import os
 import stat
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from engine.procfs import params_with_device_modification_disabled
 from engine.start import syscalls
 from engine.start.rootdir import RootDir, describe, read_regular
 from engine.start.work import WorkError
 
-__all__ = ["MARKER", "Source", "is_finished", "isolate", "marker_text", "take"]
+__all__ = [
+    "MARKER",
+    "DriverProcfs",
+    "HostDirectory",
+    "ProcSource",
+    "Source",
+    "is_finished",
+    "isolate",
+    "marker_text",
+    "source_for",
+    "take",
+]
 
 _SOURCE = "nri-gpu"  # the "device" name of the view's tmpfs, as mountinfo shows it
 MARKER = ".nri-gpu-view"  # at the view's root; procfs itself can never hold such a file
@@ -83,7 +101,6 @@ class Source:
 
     files: dict[str, tuple[bytes, int]]
     gpus: dict[str, int]
-    from_host: bool
     caps: dict[str, int] = field(default_factory=dict)
     caps_all: int | None = None
 
@@ -97,9 +114,7 @@ class Source:
         self.caps_all = None
 
 
-def take(
-    tree: int, bus_ids: tuple[str, ...], *, from_host: bool, caps: tuple[str, ...] = (), caps_all: bool = False
-) -> Source:
+def take(tree: int, bus_ids: tuple[str, ...], *, caps: tuple[str, ...] = (), caps_all: bool = False) -> Source:
     """Read and clone what the view needs from the directory fd ``tree`` (a driver's
     ``/proc/driver/nvidia``). Called in the namespace ``tree`` belongs to: a clone
     of a mount of another namespace is refused by the kernel. ``caps``: the
@@ -108,7 +123,7 @@ def take(
     must still be there). Raises ``WorkError`` naming a bus id or a capability
     file the source does not have."""
     files = _read_sources(tree)
-    source = Source(files=files, gpus=_clone_gpus(tree, bus_ids), from_host=from_host)
+    source = Source(files=files, gpus=_clone_gpus(tree, bus_ids))
     try:
         source.caps, source.caps_all = _clone_caps(tree, caps, caps_all)
     except BaseException:
@@ -117,13 +132,14 @@ def take(
     return source
 
 
-def marker_text(bus_ids: tuple[str, ...], from_host: bool, caps: tuple[str, ...] = (), caps_all: bool = False) -> bytes:
+def marker_text(bus_ids: tuple[str, ...], source: str, caps: tuple[str, ...] = (), caps_all: bool = False) -> bytes:
     """What the marker holds: a second run with the same work keeps the view.
+    ``source``: the ``ProcSource``'s name.
 
     The capabilities' line is there only when some are shown: a view without
     MIG reads as it did before MIG was supported.
     """
-    text = f"source: {'host' if from_host else 'container'}\nbus ids: {' '.join(bus_ids)}\n"
+    text = f"source: {source}\nbus ids: {' '.join(bus_ids)}\n"
     if caps_all:
         text += "capabilities: all\n"
     elif caps:
@@ -137,10 +153,135 @@ def is_finished(marker: bytes) -> bool:
     return marker.startswith(_HEADER + b"source: ")
 
 
+class ProcSource(Protocol):
+    """Where the view's content comes from, and where the view goes: the one
+    thing a real node and a simulated one do differently (see the module doc)."""
+
+    @property
+    def name(self) -> str:
+        """In the marker ("container", "host"): a view from another source is replaced."""
+        ...
+
+    @property
+    def takes_outside(self) -> bool:
+        """Whether ``take_outside`` has anything to do (the worker times it as a step then)."""
+        ...
+
+    def take_outside(self, bus_ids: tuple[str, ...], caps: tuple[str, ...], caps_all: bool) -> None:
+        """In the host's mount namespace, before entering the container: take what
+        can only be taken there. Raises ``WorkError``."""
+        ...
+
+    def take_inside(
+        self, own: int | None, bus_ids: tuple[str, ...], caps: tuple[str, ...], caps_all: bool
+    ) -> Source | None:
+        """In the container's mount namespace, before the view hides ``own`` (its
+        ``/proc/driver/nvidia``, None when it has none): the view's source, now
+        the caller's to close; None for no view at all. Raises ``WorkError``."""
+        ...
+
+    def place(self, root: RootDir, own: int | None) -> _Place:
+        """Where the view goes in ``root``. Raises ``WorkError``."""
+        ...
+
+    def close(self) -> None:
+        """Release what ``take_outside`` took and nobody used."""
+        ...
+
+
+@dataclass(frozen=True)
+class _Place:
+    """The directory the view is mounted over (``fd``; closed by the caller when
+    ``owned``), ``where`` it is (parent, name) and whether the view has an
+    ``nvidia/`` level of its own (``nested``: it covers ``/proc/driver``)."""
+
+    fd: int
+    where: tuple[str, str]
+    nested: bool
+    owned: bool
+
+
+def _over_own(own: int) -> _Place:
+    return _Place(own, ("/proc/driver", "nvidia"), nested=False, owned=False)
+
+
+class DriverProcfs:
+    """A real node: the driver's procfs, as the container sees it."""
+
+    name = "container"
+    takes_outside = False
+
+    def take_outside(self, bus_ids: tuple[str, ...], caps: tuple[str, ...], caps_all: bool) -> None:
+        pass  # nothing of the host's: the container's own tree is the source
+
+    def take_inside(
+        self, own: int | None, bus_ids: tuple[str, ...], caps: tuple[str, ...], caps_all: bool
+    ) -> Source | None:
+        if own is not None:
+            return take(own, bus_ids, caps=caps, caps_all=caps_all)
+        if bus_ids or caps or caps_all:
+            raise WorkError("/proc/driver/nvidia: not in the container (is the NVIDIA driver loaded?)")
+        return None  # no driver, and nothing to show
+
+    def place(self, root: RootDir, own: int | None) -> _Place:
+        if own is None:  # take_inside refused or skipped already
+            raise WorkError("/proc/driver/nvidia: not in the container")
+        return _over_own(own)
+
+    def close(self) -> None:
+        pass
+
+
+class HostDirectory:
+    """A simulated node: its driver tree is a host directory (``path``), carried in."""
+
+    name = "host"
+    takes_outside = True
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._taken: Source | None = None
+
+    def take_outside(self, bus_ids: tuple[str, ...], caps: tuple[str, ...], caps_all: bool) -> None:
+        try:
+            tree = os.open(self.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise WorkError(f"{self.path}: {exc.strerror}") from exc
+        try:
+            self._taken = take(tree, bus_ids, caps=caps, caps_all=caps_all)
+        finally:
+            os.close(tree)
+
+    def take_inside(
+        self, own: int | None, bus_ids: tuple[str, ...], caps: tuple[str, ...], caps_all: bool
+    ) -> Source | None:
+        taken, self._taken = self._taken, None
+        if taken is None:
+            raise WorkError(f"{self.path}: not taken before entering the container")
+        return taken
+
+    def place(self, root: RootDir, own: int | None) -> _Place:
+        if own is not None:
+            return _over_own(own)
+        fd = root.opendir("/proc/driver", resolve=_NOFOLLOW)
+        return _Place(fd, ("/proc", "driver"), nested=True, owned=True)
+
+    def close(self) -> None:
+        if self._taken is not None:
+            self._taken.close()
+            self._taken = None
+
+
+def source_for(proc_source: str | None) -> ProcSource:
+    """The strategy for ``StartWork.proc_source``: None on a real node, a host
+    directory on a simulated one."""
+    return DriverProcfs() if proc_source is None else HostDirectory(proc_source)
+
+
 def isolate(
     root: RootDir,
     bus_ids: tuple[str, ...],
-    host: Source | None,
+    source: ProcSource,
     *,
     files: RootDir,
     caps: tuple[str, ...] = (),
@@ -150,13 +291,13 @@ def isolate(
     "kept" (ours, identical, already there) or "skipped" (no driver tree anywhere
     and nothing to show).
 
-    ``host``: the source taken from a host directory (simulated node; taken with
-    the same ``caps`` and ``caps_all``), or None to take it from the container's
-    own ``/proc/driver/nvidia``. ``files``: the ``nodev`` copy of the root
+    ``source``: where the view comes from (``source_for``; for a host directory,
+    ``take_outside`` was called with the same ``bus_ids``, ``caps`` and
+    ``caps_all``). ``files``: the ``nodev`` copy of the root
     (``RootDir.detached_copy``) a marker is read through. ``caps``,
     ``caps_all``: the MIG capabilities shown (``take``). Raises ``WorkError``.
     """
-    marker = marker_text(bus_ids, host is not None, caps, caps_all)
+    marker = marker_text(bus_ids, source.name, caps, caps_all)
     old = _existing_view(files)
     if old is not None:
         parent, name, text = old
@@ -165,26 +306,18 @@ def isolate(
         _unmount(root, parent, name)  # different work: the source is behind it
     own = root.find_dir("/proc/driver/nvidia", resolve=_NOFOLLOW)
     try:
-        if host is not None:
-            source = host
-        elif own is not None:
-            source = take(own, bus_ids, from_host=False, caps=caps, caps_all=caps_all)  # before the view hides it
-        elif bus_ids or caps or caps_all:
-            raise WorkError("/proc/driver/nvidia: not in the container (is the NVIDIA driver loaded?)")
-        else:
+        taken = source.take_inside(own, bus_ids, caps, caps_all)  # before the view hides it
+        if taken is None:
             return "skipped"
         try:
-            if own is not None:
-                _build(root, own, ("/proc/driver", "nvidia"), False, source, marker)
-            else:
-                target = root.opendir("/proc/driver", resolve=_NOFOLLOW)
-                try:
-                    _build(root, target, ("/proc", "driver"), True, source, marker)
-                finally:
-                    os.close(target)
+            place = source.place(root, own)
+            try:
+                _build(root, place.fd, place.where, place.nested, taken, marker)
+            finally:
+                if place.owned:
+                    os.close(place.fd)
         finally:
-            if source is not host:
-                source.close()
+            taken.close()
     finally:
         if own is not None:
             os.close(own)

@@ -50,7 +50,7 @@ def _fake_pid(proc: Path, pid: int, marker: bytes | None, where: str = "proc/dri
 
 
 def test_the_host_side_check_looks_up_the_views_marker_in_the_pids_root(tmp_path: Path) -> None:
-    finished = marker_text(("0000:07:00.0",), from_host=False)
+    finished = marker_text(("0000:07:00.0",), "container")
     _fake_pid(tmp_path, 7, finished)
     _fake_pid(tmp_path, 8, None)
     _fake_pid(tmp_path, 9, finished, where="proc/driver")  # a simulated node: the view covers /proc/driver
@@ -68,7 +68,7 @@ def test_the_host_side_check_follows_no_link_and_opens_no_fifo(tmp_path: Path) -
     marker's place is never opened for reading (that would block)."""
     host = tmp_path / "host"
     host.mkdir()
-    (host / MARKER).write_bytes(marker_text(("0000:07:00.0",), from_host=False))
+    (host / MARKER).write_bytes(marker_text(("0000:07:00.0",), "container"))
     root = _fake_pid(tmp_path / "proc", 7, None, where="proc/driver")
     (root / "proc/driver/nvidia").symlink_to(host)
     assert shows_driver_view(7, proc=str(tmp_path / "proc")) is None
