@@ -5,7 +5,7 @@ everything it needs from the host first, because afterwards the host is out of
 reach: the container's ``/proc/<pid>`` directory (pinning the process), its
 mount namespace, for ldconfig its procfs mount points and the trusted
 ldconfig binary, and what the procfs view's source strategy takes on the host
-(``procview.ProcSource.take_outside``: a simulated node's files read, GPU
+(``procsource.ProcSource.take_outside``: a simulated node's files read, GPU
 directories and MIG capability files cloned). It checks first that the pid is the
 container's: in the cgroup the runtime named, and neither sharing the mount
 namespace nor the root of the plugin or of pid 1 (in a DaemonSet the plugin's
@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from engine.start import appprofile, cgroup, compat, ipc, ldconfig, links, mountinfo, procview, syscalls
+from engine.start import appprofile, cgroup, compat, ipc, ldconfig, links, mountinfo, procsource, procview, syscalls
 from engine.start.rootdir import RootDir
 from engine.start.work import StartReport, StartWork, WorkError
 
@@ -100,7 +100,7 @@ class _Steps:
 class _Host:
     """Host-side handles, all opened before entering the container."""
 
-    proc_source: procview.ProcSource
+    proc_source: procsource.ProcSource
     trusted: ldconfig.Trusted | None = None
     ipc_seen: ipc.Seen = ()  # the IPC endpoints' host inodes, compared with the mounts inside
 
@@ -157,7 +157,7 @@ def perform_in_bundle(
         root = RootDir(fd)
         for seen, whose in _identities("root"):
             _refuse_host_root(root, seen, f"container root {rootfs} is {whose} root")
-        host = _Host(procview.source_for(work.proc_source))
+        host = _Host(procsource.source_for(work.proc_source))
         if work.ipc:
             with step("IPC endpoints"):
                 host.ipc_seen = ipc.on_host(work)  # the hook sees the host's paths as they are
@@ -242,7 +242,7 @@ def _open_host(pid: int, work: StartWork, step: _Steps, ldconfig_path: str) -> t
         if work.cgroups_path:
             _check_cgroup(proc, pid, work.cgroups_path)
         roots = _identities("root")
-        host = _Host(procview.source_for(work.proc_source))
+        host = _Host(procsource.source_for(work.proc_source))
         if work.ipc:
             with step("IPC endpoints"):
                 host.ipc_seen = ipc.on_host(work)
@@ -308,7 +308,7 @@ def _check_cgroup(proc: int, pid: int, cgroups_path: str) -> None:
 
 def _take_proc_source(host: _Host, work: StartWork, step: _Steps) -> None:
     """What the procfs view's source takes on the host, if anything (a simulated
-    node's tree: see ``procview``), timed as that step."""
+    node's tree: see ``procsource``), timed as that step."""
     if host.proc_source.takes_outside:
         with step("procfs isolation"):
             host.proc_source.take_outside(work.visible_bus_ids, work.proc_caps, work.proc_caps_all)

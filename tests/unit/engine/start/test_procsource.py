@@ -1,22 +1,22 @@
-"""The procfs view's source strategies: which one a config chooses, and what
+"""The procfs view's source strategies (procsource): which one a config chooses, and what
 each does without a driver tree (the views themselves: tests/integration)."""
 
 from __future__ import annotations
 
 import pytest
 
-from engine.start import procview
+from engine.start import procsource, procview
 from engine.start.work import WorkError
 
 BUS = ("0000:07:00.0",)
 
 
 def test_a_real_node_takes_the_containers_own_tree_and_a_simulated_one_a_host_directory() -> None:
-    real = procview.source_for(None)
-    simulated = procview.source_for("/sim/proc/driver/nvidia")
-    assert isinstance(real, procview.DriverProcfs)
+    real = procsource.source_for(None)
+    simulated = procsource.source_for("/sim/proc/driver/nvidia")
+    assert isinstance(real, procsource.DriverProcfs)
     assert (real.name, real.takes_outside) == ("container", False)
-    assert isinstance(simulated, procview.HostDirectory)
+    assert isinstance(simulated, procsource.HostDirectory)
     assert (simulated.name, simulated.takes_outside, simulated.path) == ("host", True, "/sim/proc/driver/nvidia")
 
 
@@ -27,7 +27,7 @@ def test_the_marker_names_the_source() -> None:
 
 
 def test_without_a_driver_tree_a_real_node_skips_the_view_or_refuses_gpus() -> None:
-    real = procview.DriverProcfs()
+    real = procsource.DriverProcfs()
     assert real.take_inside(None, (), (), False) is None
     with pytest.raises(WorkError, match="is the NVIDIA driver loaded"):
         real.take_inside(None, BUS, (), False)
@@ -36,7 +36,7 @@ def test_without_a_driver_tree_a_real_node_skips_the_view_or_refuses_gpus() -> N
 
 
 def test_a_host_directory_is_taken_on_the_host_or_not_at_all() -> None:
-    missing = procview.HostDirectory("/nonexistent/driver/nvidia")
+    missing = procsource.HostDirectory("/nonexistent/driver/nvidia")
     with pytest.raises(WorkError, match=r"^/nonexistent/driver/nvidia: No such file or directory$"):
         missing.take_outside(BUS, (), False)
     with pytest.raises(WorkError, match="not taken before entering the container"):
