@@ -1,8 +1,8 @@
-"""``nri-gpu install`` / ``uninstall`` against real containerd configs, checked by containerd.
+"""``nri-gpu install`` / ``uninstall`` of containerd's config and CRI-O's drop-in.
 
-The configs are what the real binaries of the test bed write (``containerd config
-default``: version 2 from containerd 1.7.24, version 3 from 2.1.9), and every file we
-write is loaded back by containerd itself (``containerd --config F config dump``).
+Here the edits on hand-written configs, refusals and hostile files beside the config;
+on the configs the real containerd binaries write, loaded back by containerd itself
+(``containerd --config F config dump``): tests/integration/test_runtime_setup_containerd.py.
 CRI-O has no package for this host (bookworm), so its drop-in is checked as TOML text.
 """
 
@@ -16,7 +16,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 import tomlkit
@@ -34,35 +33,8 @@ from plugin.runtime_setup import (
     crio_dropin_is_ours,
     record_path,
 )
-from tests.testbed import debs, runtimes
 
 NRI = f'[plugins."{NRI_TABLE}"]'
-
-
-@pytest.fixture(scope="module")
-def containerd() -> dict[int, Path]:
-    """containerd binaries by config version: 2 -> 1.7.24, 3 -> 2.1.9."""
-    try:
-        return {2: runtimes.fetch("1.7.24").containerd, 3: runtimes.fetch("2.1.9").containerd}
-    except debs.DebUnavailable as exc:
-        pytest.skip(f"containerd packages unavailable: {exc}")
-
-
-def default_config(binary: Path) -> str:
-    return subprocess.run([binary, "config", "default"], check=True, capture_output=True, text=True).stdout
-
-
-def dump(binary: Path, path: Path) -> dict[str, Any]:
-    """The config as containerd loads it (fails the test if containerd rejects it)."""
-    done = subprocess.run([binary, "--config", path, "config", "dump"], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    return tomlkit.parse(done.stdout).unwrap()
-
-
-def nri_of(config: dict[str, Any]) -> dict[str, Any]:
-    table = config["plugins"][NRI_TABLE]
-    assert isinstance(table, dict)
-    return table
 
 
 def cli(*args: str) -> int:
@@ -103,94 +75,8 @@ state = "/run/containerd"
 """
 
 
-# ------------------------------------------------------------------ containerd 1.7 (version 2)
-
-
-def test_v2_default_install_enables_nri_and_uninstall_restores_bytes(
-    tmp_path: Path, containerd: dict[int, Path], capsys: pytest.CaptureFixture[str]
-) -> None:
-    config = tmp_path / "config.toml"
-    original = default_config(containerd[2]).encode()
-    config.write_bytes(original)
-    assert nri_of(dump(containerd[2], config))["disable"] is True
-
-    assert cli("install", "--runtime", "containerd", "--config", str(config)) == 0
-    out = capsys.readouterr().out
-    assert "disable = false (was true)" in out and "systemctl restart containerd" in out
-    assert nri_of(dump(containerd[2], config))["disable"] is False
-    # Only the one line changed.
-    before, after = original.decode().splitlines(), config.read_text().splitlines()
-    assert len(before) == len(after)
-    assert [(a, b) for a, b in zip(before, after, strict=True) if a != b] == [
-        ("    disable = true", "    disable = false")
-    ]
-    assert backup_path(config).read_bytes() == original
-
-    assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 0
-    assert config.read_bytes() == original
-    assert files(tmp_path) == {"config.toml": original}
-
-
-def test_install_twice_changes_nothing(
-    tmp_path: Path, containerd: dict[int, Path], capsys: pytest.CaptureFixture[str]
-) -> None:
-    config = tmp_path / "config.toml"
-    config.write_text(default_config(containerd[2]))
-    assert cli("install", "--runtime", "containerd", "--config", str(config), "--socket", "/run/nri/gpu.sock") == 0
-    first = files(tmp_path)
-    capsys.readouterr()
-    assert cli("install", "--runtime", "containerd", "--config", str(config), "--socket", "/run/nri/gpu.sock") == 0
-    out = capsys.readouterr().out
-    assert "already set up" in out and "systemctl" not in out
-    assert files(tmp_path) == first
-    assert nri_of(dump(containerd[2], config))["socket_path"] == "/run/nri/gpu.sock"
-
-
-def test_comment_rich_file_keeps_every_comment(tmp_path: Path, containerd: dict[int, Path]) -> None:
-    config = tmp_path / "config.toml"
-    config.write_text(HAND_WRITTEN)
-    assert cli("install", "--runtime", "containerd", "--config", str(config), "--socket", "/run/nri/gpu.sock") == 0
-    text = config.read_text()
-    for line in HAND_WRITTEN.splitlines():
-        if "#" in line and "flipped by install" not in line:
-            assert line in text, line
-    assert "    disable = false   # flipped by install" in text
-    loaded = dump(containerd[2], config)
-    assert nri_of(loaded)["disable"] is False and nri_of(loaded)["socket_path"] == "/run/nri/gpu.sock"
-    assert loaded["plugins"]["io.containerd.grpc.v1.cri"]["sandbox_image"] == "registry.k8s.io/pause:3.9"
-    assert loaded["metrics"]["address"] == "127.0.0.1:1338"
-    assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 0
-    assert config.read_text() == HAND_WRITTEN
-
-
-def test_file_without_the_nri_table_gets_it_appended(tmp_path: Path, containerd: dict[int, Path]) -> None:
-    original = HAND_WRITTEN.split("  # NRI was off here")[0] + "[metrics]\n  address = ''\n"
-    config = tmp_path / "config.toml"
-    config.write_text(original)
-    assert cli("install", "--runtime", "containerd", "--config", str(config)) == 0
-    assert config.read_text().startswith(original)  # the operator's part is untouched
-    assert nri_of(dump(containerd[2], config))["disable"] is False
-    assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 0
-    assert config.read_text() == original
-
-
-def test_operator_edit_after_install_reverts_only_our_keys(
-    tmp_path: Path, containerd: dict[int, Path], capsys: pytest.CaptureFixture[str]
-) -> None:
-    config = tmp_path / "config.toml"
-    config.write_text(HAND_WRITTEN)
-    assert cli("install", "--runtime", "containerd", "--config", str(config), "--socket", "/run/nri/gpu.sock") == 0
-    edited = config.read_text().replace('"127.0.0.1:1338"', '"0.0.0.0:1338"  # opened for prometheus')
-    config.write_text(edited)
-    capsys.readouterr()
-
-    assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 0
-    err = capsys.readouterr().err
-    assert "changed since install" in err and str(config) in err
-    assert config.read_text() == HAND_WRITTEN.replace('"127.0.0.1:1338"', '"0.0.0.0:1338"  # opened for prometheus')
-    assert files(tmp_path).keys() == {"config.toml"}
-    loaded = dump(containerd[2], config)
-    assert nri_of(loaded)["disable"] is True and nri_of(loaded)["socket_path"] == "/var/run/nri/nri.sock"
+# ------------------------------------------------------------------ containerd's config
+# (the edits checked against a real containerd binary: tests/integration/test_runtime_setup_containerd.py)
 
 
 def test_operator_changed_one_of_our_keys_is_left_alone() -> None:
@@ -201,37 +87,6 @@ def test_operator_changed_one_of_our_keys_is_left_alone() -> None:
     assert 'socket_path = "/run/nri/other.sock"' in reverted
     assert "    disable = true   # flipped by install" in reverted
     assert len(warnings) == 1 and "socket_path" in warnings[0] and NRI in warnings[0]
-
-
-def test_dry_run_writes_nothing_and_prints_the_diff(
-    tmp_path: Path, containerd: dict[int, Path], capsys: pytest.CaptureFixture[str]
-) -> None:
-    config = tmp_path / "config.toml"
-    config.write_text(default_config(containerd[2]))
-    before = files(tmp_path)
-    assert cli("install", "--runtime", "containerd", "--config", str(config), "--dry-run") == 0
-    out = capsys.readouterr().out
-    assert f"--- {config}" in out and "-    disable = true\n+    disable = false\n" in out
-    assert "nothing written" in out
-    assert files(tmp_path) == before
-
-    assert cli("install", "--runtime", "containerd", "--config", str(config)) == 0
-    installed = files(tmp_path)
-    assert cli("uninstall", "--runtime", "containerd", "--config", str(config), "--dry-run") == 0
-    assert "+    disable = true\n" in capsys.readouterr().out
-    assert files(tmp_path) == installed
-
-
-def test_missing_file_is_created_minimal_and_removed(
-    tmp_path: Path, containerd: dict[int, Path], capsys: pytest.CaptureFixture[str]
-) -> None:
-    config = tmp_path / "etc" / "config.toml"
-    assert cli("install", "--runtime", "containerd", "--config", str(config)) == 0
-    assert "created" in capsys.readouterr().out
-    for version in (2, 3):  # containerd 2.x reads a version 2 file too
-        assert nri_of(dump(containerd[version], config))["disable"] is False
-    assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 0
-    assert list(config.parent.iterdir()) == []
 
 
 def test_legacy_config_without_version_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -257,39 +112,6 @@ def test_uninstall_without_install_does_nothing(tmp_path: Path, capsys: pytest.C
     assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 0
     assert "nothing to undo" in capsys.readouterr().out
     assert config.read_text() == HAND_WRITTEN
-
-
-# ------------------------------------------------------------------ containerd 2.x (version 3)
-
-
-def test_v3_default_has_nothing_to_change(
-    tmp_path: Path, containerd: dict[int, Path], capsys: pytest.CaptureFixture[str]
-) -> None:
-    config = tmp_path / "config.toml"
-    config.write_text(default_config(containerd[3]))
-    before = files(tmp_path)
-    assert cli("install", "--runtime", "containerd", "--config", str(config), "--restart") == 0
-    out = capsys.readouterr().out
-    assert "NRI is on by default in containerd 2.x; nothing to change" in out and "systemctl" not in out
-    assert files(tmp_path) == before
-
-
-def test_v3_socket_change_round_trips(tmp_path: Path, containerd: dict[int, Path]) -> None:
-    config = tmp_path / "config.toml"
-    original = default_config(containerd[3]).encode()
-    config.write_bytes(original)
-    assert cli("install", "--runtime", "containerd", "--config", str(config), "--socket", "/run/nri/gpu.sock") == 0
-    assert nri_of(dump(containerd[3], config))["socket_path"] == "/run/nri/gpu.sock"
-    assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 0
-    assert config.read_bytes() == original
-    assert files(tmp_path).keys() == {"config.toml"}
-
-
-def test_v3_nri_disabled_by_operator_is_enabled(tmp_path: Path, containerd: dict[int, Path]) -> None:
-    config = tmp_path / "config.toml"
-    config.write_text(f"version = 3\n\n[plugins.'{NRI_TABLE}']\n  disable = true\n")
-    assert cli("install", "--runtime", "containerd", "--config", str(config)) == 0
-    assert nri_of(dump(containerd[3], config))["disable"] is False
 
 
 # ------------------------------------------------------------------ restart and usage
@@ -492,22 +314,6 @@ def test_a_temporary_file_swapped_for_a_link_never_changes_the_links_target(tmp_
         os.waitpid(attacker, 0)
         shutil.rmtree(folder)
     assert set(codes) <= {0, 1} and 1 in codes, codes  # the attacker did get in, and was seen
-
-
-@pytest.mark.parametrize("socket", [None, "/run/nri/a.sock"])
-def test_a_second_install_with_another_socket_keeps_the_first_original(
-    tmp_path: Path, containerd: dict[int, Path], socket: str | None
-) -> None:
-    config = tmp_path / "config.toml"
-    original = default_config(containerd[2]).encode()
-    config.write_bytes(original)
-    first = ["--socket", socket] if socket else []
-    assert cli("install", "--runtime", "containerd", "--config", str(config), *first) == 0
-    assert cli("install", "--runtime", "containerd", "--config", str(config), "--socket", "/run/nri/b.sock") == 0
-    assert nri_of(dump(containerd[2], config))["socket_path"] == "/run/nri/b.sock"
-    assert backup_path(config).read_bytes() == original
-    assert cli("uninstall", "--runtime", "containerd", "--config", str(config)) == 0
-    assert files(tmp_path) == {"config.toml": original}
 
 
 def test_a_second_install_into_a_file_we_created_still_removes_it(tmp_path: Path) -> None:
