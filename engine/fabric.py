@@ -93,7 +93,6 @@ class FabricPlan:
     notes: tuple[str, ...] = ()
 
 
-
 def parse_channel(entry: str, what: str) -> int:
     """One channel number, 0 to ``MAX_IMEX_CHANNEL``; raises RequestError naming it.
 

@@ -69,7 +69,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "nri-gpu hook") -> in
     words = list(sys.argv[2:] if argv is None else argv)
     args = spec_form(words)
     if args is None:  # help, a mistake, any other spelling: argparse's answer and exit status
-        parser = argparse.ArgumentParser(prog=prog, description="OCI hooks run by the runtime (written into the CDI spec)")
+        parser = argparse.ArgumentParser(
+            prog=prog, description="OCI hooks run by the runtime (written into the CDI spec)"
+        )
         add_arguments(parser)
         args = parser.parse_args(words)
     return run(args, sys.stdin)

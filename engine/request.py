@@ -188,7 +188,6 @@ _FALSE = frozenset({"0", "f", "F", "FALSE", "false", "False"})
 _IMEX_HOW = f"NVIDIA_IMEX_CHANNELS or volume markers {VOLUME_MARKER_DIR}/{IMEX_MARKER_PREFIX}<id>"
 
 
-
 def _bounded(value: str, what: str) -> str:
     """``value``, refused before any parsing when longer than ``MAX_VALUE_LENGTH``."""
     if len(value) > MAX_VALUE_LENGTH:
@@ -339,7 +338,9 @@ def parse_capabilities(
             cap = _CAPABILITY_BY_NAME.get(name)
             if cap is None:
                 known = ", ".join(sorted(_CAPABILITY_BY_NAME))
-                raise RequestError(f"{what}{quoted(value)}: unknown capability {quoted(raw.strip())} (known: {known}, all)")
+                raise RequestError(
+                    f"{what}{quoted(value)}: unknown capability {quoted(raw.strip())} (known: {known}, all)"
+                )
             caps.add(cap)
     if everything:
         return ALL_CAPABILITIES

@@ -106,7 +106,6 @@ _HOLDS = {
 }
 
 
-
 def parse_expression(expr: str, *, what: str = "", conditions: int = MAX_CONDITIONS) -> Expression:
     """Parse one variable's value; RequirementError ("invalid expression") names the bad part.
 

@@ -138,9 +138,7 @@ class _Recording:
 
     __slots__ = ("_began", "_container", "_decision", "_decisions", "_handled", "_pod")
 
-    def __init__(
-        self, decisions: Decisions, handled: Handled, pod: api.PodSandbox, container: api.Container
-    ) -> None:
+    def __init__(self, decisions: Decisions, handled: Handled, pod: api.PodSandbox, container: api.Container) -> None:
         self._decisions, self._handled, self._pod, self._container = decisions, handled, pod, container
         self._decision = Decision()
         self._began = 0.0
@@ -149,9 +147,7 @@ class _Recording:
         self._began = time.perf_counter()
         return self._decision
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         seconds = time.perf_counter() - self._began
         decision, handled = self._decision, self._handled
         if isinstance(exc, PluginError):

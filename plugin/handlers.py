@@ -233,7 +233,9 @@ class GpuPlugin:
             )
             return adjustment
 
-    def _on_start_report(self, who: str, into: dict[str, float], timings_ms: dict[str, float], cuda_compat: str) -> None:
+    def _on_start_report(
+        self, who: str, into: dict[str, float], timings_ms: dict[str, float], cuda_compat: str
+    ) -> None:
         if cuda_compat:
             logger.info("%s: CUDA forward compatibility: %s", who, cuda_compat)
         into.update(timings_ms)

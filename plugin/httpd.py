@@ -130,7 +130,9 @@ def parse_head(data: bytes) -> tuple[str, str] | Response | None:
     can only be refused; None while more are needed (and allowed)."""
     line_end = data.find(b"\n")
     if line_end < 0:
-        return _text(414, f"request line longer than {MAX_REQUEST_LINE} bytes") if len(data) > MAX_REQUEST_LINE else None
+        return (
+            _text(414, f"request line longer than {MAX_REQUEST_LINE} bytes") if len(data) > MAX_REQUEST_LINE else None
+        )
     if line_end + 1 > MAX_REQUEST_LINE:
         return _text(414, f"request line longer than {MAX_REQUEST_LINE} bytes")
     parts = data[:line_end].decode("latin-1").rstrip("\r").split(" ")

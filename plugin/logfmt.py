@@ -70,6 +70,7 @@ def _indented(text: str) -> str:
 # terminal's CSI) and the Unicode line and paragraph separators.
 _JSON_RAW_CONTROLS = str.maketrans({chr(c): f"\\u{c:04x}" for c in (*range(0x7F, 0xA0), 0x2028, 0x2029)})
 
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per record, UTC timestamps with milliseconds."""
 

@@ -39,8 +39,7 @@ _REQUEST_ENV = ("NVIDIA_", "CUDA_VERSION=")  # every name engine.request reads s
 
 def may_request(pod: api.PodSandbox, container: api.Container, policy: Policy) -> bool:
     """False only when the container certainly asks for no GPU (cheap; see module doc)."""
-    if _may_request(pod.annotations, container.name, container.env,
-                    (m.destination for m in container.mounts), policy):
+    if _may_request(pod.annotations, container.name, container.env, (m.destination for m in container.mounts), policy):
         return True
     # A container CDI already gave GPUs is completed without a request of ours.
     return policy.equipped_containers == "complete" and any(

@@ -126,10 +126,8 @@ def fail_closed_for(
         )
     return FailClosed(plugin), (
         f"fail-closed: {label} {shown} refuses to create a container while {plugin} is not registered "
-        f"(required_plugins); pods annotated {TOLERATE_ANNOTATION}: \"true\" are exempt"
+        f'(required_plugins); pods annotated {TOLERATE_ANNOTATION}: "true" are exempt'
     )
-
-
 
 
 def _parse(text: str, source: str) -> tomlkit.TOMLDocument:
@@ -324,8 +322,10 @@ def containerd_new_file(socket: str | None, fail_closed: FailClosed | None = Non
         lines.append(f"  socket_path = {tomlkit.item(socket).as_string()}")
     if fail_closed is not None:
         lines += ["", VALIDATOR_HEADER]
-        lines += [f"  {c.key.partition('.')[2]} = {tomlkit.item(c.new).as_string()}" for c in _validator_changes(
-            None, fail_closed, "new file")]
+        lines += [
+            f"  {c.key.partition('.')[2]} = {tomlkit.item(c.new).as_string()}"
+            for c in _validator_changes(None, fail_closed, "new file")
+        ]
     return "\n".join(lines) + "\n"
 
 

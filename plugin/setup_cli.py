@@ -111,6 +111,7 @@ def add_commands(commands: Any) -> None:
         help="undo what install changed (byte for byte when nothing else changed the file)",
     ).set_defaults(func=_uninstall)
 
+
 def _target() -> argparse.ArgumentParser:
     """What install and uninstall both take: the runtime, its files, --dry-run and --restart."""
     where = (

@@ -362,8 +362,9 @@ class Stub:
         req = _parse(api.ConfigureRequest, payload)
         self.runtime = RuntimeInfo(req.runtime_name, req.runtime_version, req.NRI_version, req.config)
         self.timeouts = Timeouts.from_configure(req.registration_timeout, req.request_timeout)
-        logger.debug("runtime timeouts: registration %g s, request %g s", self.timeouts.registration,
-                     self.timeouts.request)
+        logger.debug(
+            "runtime timeouts: registration %g s, request %g s", self.timeouts.registration, self.timeouts.request
+        )
         valid = valid_events(req.runtime_name, req.runtime_version, req.NRI_version)
         events = self._wanted & valid
         if dropped := self._wanted & ~valid:

@@ -88,7 +88,7 @@ def _lex(source: str, name: str) -> list[tuple[str, str]]:
         pos = match.end()
     rest = source[pos:]
     if "{{" in rest:
-        raise TemplateError(f"{name}: unclosed action near {rest[rest.index('{{'):][:40]!r}")
+        raise TemplateError(f"{name}: unclosed action near {rest[rest.index('{{') :][:40]!r}")
     items.append(("text", rest.lstrip(_SPACE) if trim_next else rest))
     return items
 
@@ -176,9 +176,7 @@ class _GoQuoting(yaml.SafeDumper):
 
 def _to_yaml(value: Any) -> str:
     # Helm: yaml.Marshal, then one trailing newline removed.
-    dumped: str = yaml.dump(
-        value, Dumper=_GoQuoting, default_flow_style=False, sort_keys=True, allow_unicode=True
-    )
+    dumped: str = yaml.dump(value, Dumper=_GoQuoting, default_flow_style=False, sort_keys=True, allow_unicode=True)
     return dumped.removesuffix("\n")
 
 
@@ -292,8 +290,9 @@ def merge_values(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[
     return merged
 
 
-def render_chart(chart: Chart, *, release: str, namespace: str,
-                 values: Mapping[str, Any] | None = None) -> dict[str, str]:
+def render_chart(
+    chart: Chart, *, release: str, namespace: str, values: Mapping[str, Any] | None = None
+) -> dict[str, str]:
     """What ``helm template RELEASE CHART -n NAMESPACE --set K=V...`` renders: file name ->
     text, for every template not named ``_*`` (NOTES.txt included)."""
     defines: dict[str, list[_Node]] = {}

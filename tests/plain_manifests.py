@@ -52,9 +52,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         if args.check:
             stale += 1
-            sys.stdout.writelines(difflib.unified_diff(
-                current.splitlines(keepends=True), text.splitlines(keepends=True),
-                f"deploy/{name} (committed)", f"deploy/{name} (rendered)"))
+            sys.stdout.writelines(
+                difflib.unified_diff(
+                    current.splitlines(keepends=True),
+                    text.splitlines(keepends=True),
+                    f"deploy/{name} (committed)",
+                    f"deploy/{name} (rendered)",
+                )
+            )
         else:
             path.write_text(text)
             print(f"wrote deploy/{name}")

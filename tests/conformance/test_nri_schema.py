@@ -18,6 +18,7 @@ sets, and compares them:
 All differences are reported together in one assertion message. The test skips
 (with the reason) only when the package cannot be downloaded.
 """
+
 from __future__ import annotations
 
 import re
@@ -281,7 +282,9 @@ def test_compare_reports_every_kind_of_difference(our_schema: Schema) -> None:
     ev.value.add(name="UNKNOWN", number=0)
     ev.value.add(name="CREATE_CONTAINER", number=5)
     svc = fd.service.add(name="Plugin")
-    svc.method.add(name="Frobnicate", input_type=".nri.pkg.api.v1alpha1.Empty", output_type=".nri.pkg.api.v1alpha1.Empty")
+    svc.method.add(
+        name="Frobnicate", input_type=".nri.pkg.api.v1alpha1.Empty", output_type=".nri.pkg.api.v1alpha1.Empty"
+    )
     svc.method.add(
         name="Configure",
         input_type=".nri.pkg.api.v1alpha1.ConfigureRequest",
@@ -292,7 +295,10 @@ def test_compare_reports_every_kind_of_difference(our_schema: Schema) -> None:
     problems = compare(doctored, our_schema)
     joined = "\n".join(problems)
     assert "ConfigureResponse.events: upstream #1 optional int32, ours #2 optional int32" in joined
-    assert "LinuxDevice.file_mode: upstream #5 optional message OptionalUInt32, ours #5 optional message OptionalFileMode" in joined
+    assert (
+        "LinuxDevice.file_mode: upstream #5 optional message OptionalUInt32, ours #5 optional message OptionalFileMode"
+        in joined
+    )
     assert "LinuxDevice.vendor_only (#99 optional string): missing in ours" in joined
     assert "message nri.pkg.api.v1alpha1.NotOurs: missing in ours" in joined
     assert "Event.CREATE_CONTAINER: upstream 5, ours 4" in joined
@@ -313,7 +319,7 @@ def test_standalone_copy_strips_unshipped_imports(tmp_path: Path) -> None:
         "option (gogoproto.marshaler_all) = true;\n"
         'option go_package = "example/api";\n'
         "message KeyValue {\n"
-        "  string key = 1 [(gogoproto.moretags) = \"x\", (gogoproto.nullable) = false];\n"
+        '  string key = 1 [(gogoproto.moretags) = "x", (gogoproto.nullable) = false];\n'
         "  string value = 2;\n"
         "}\n"
     )

@@ -7,6 +7,7 @@ A runtime is passed as its ``run(image, *command, options=[...])`` (the test bed
 ``Podman.run`` or ``Docker.run``: ``<runtime> run --rm --network none``) and its
 ``load(image)``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,26 +31,35 @@ from .test_hostile_images import BAIT, LIBCUDA_LINE, PROBLEM_WORDS, Bait
 CONTROL = {"/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
 # One run prints every section the checks read, split by this line.
 SEP = "==section=="
-VIEW = "; ".join(f"echo {SEP}; {cmd}" for cmd in (
-    "ls -d /dev/nvidia*",
-    "ls /proc/driver/nvidia/gpus",
-    "ldconfig -p",
-    "id -u",
-    "echo $NVIDIA_VISIBLE_DEVICES",
-))
+VIEW = "; ".join(
+    f"echo {SEP}; {cmd}"
+    for cmd in (
+        "ls -d /dev/nvidia*",
+        "ls /proc/driver/nvidia/gpus",
+        "ldconfig -p",
+        "id -u",
+        "echo $NVIDIA_VISIBLE_DEVICES",
+    )
+)
 # Cases whose refusal would be a regression: the link is nothing the hook needs.
 MUST_RUN = ("ldcache", "compat", "preload", "soname")
 # What a refusal of the others must name (or one of PROBLEM_WORDS): the linked path.
 REFUSAL_NAMES = {
-    "confdir": ("ld.so.conf.d",), "relconfdir": ("ld.so.conf.d",), "magicconf": ("ld.so.conf.d",),
-    "confvolume": ("ld.so.conf.d",), "libdir": ("x86_64-linux-gnu",), "magiclib": ("x86_64-linux-gnu",),
-    "magiccache": ("ld.so.cache",), "etc": ("/etc",),
+    "confdir": ("ld.so.conf.d",),
+    "relconfdir": ("ld.so.conf.d",),
+    "magicconf": ("ld.so.conf.d",),
+    "confvolume": ("ld.so.conf.d",),
+    "libdir": ("x86_64-linux-gnu",),
+    "magiclib": ("x86_64-linux-gnu",),
+    "magiccache": ("ld.so.cache",),
+    "etc": ("/etc",),
 }
 
 
 class Run(Protocol):
-    def __call__(self, image: str, *command: str, options: Sequence[str] = ...,
-                 check: bool = ..., timeout: float = ...) -> subprocess.CompletedProcess[str]: ...
+    def __call__(
+        self, image: str, *command: str, options: Sequence[str] = ..., check: bool = ..., timeout: float = ...
+    ) -> subprocess.CompletedProcess[str]: ...
 
 
 def sections(done: subprocess.CompletedProcess[str]) -> list[str]:
@@ -92,11 +102,13 @@ def planted_bait(node: SimNode) -> Iterator[Bait]:
 
 def _scan(token: str) -> str:
     """What a hostile link could show of the bait, read inside the container."""
-    return (f"echo {SEP}; cat /proc/self/mountinfo; echo {SEP};"
-            " find /etc/ /tmp/ /usr/local/ /lib/ /opt/ /data/ -type f -size -64k 2>/dev/null"
-            f" | xargs grep -l {token} 2>/dev/null;"
-            " cat /etc/ld.so.cache /etc/ld.so.conf.d/* /usr/local/cuda/compat/* 2>/dev/null;"
-            " ls -a /usr/lib/x86_64-linux-gnu/ /usr/local/cuda/compat/ /etc/ld.so.conf.d/ 2>/dev/null; true")
+    return (
+        f"echo {SEP}; cat /proc/self/mountinfo; echo {SEP};"
+        " find /etc/ /tmp/ /usr/local/ /lib/ /opt/ /data/ -type f -size -64k 2>/dev/null"
+        f" | xargs grep -l {token} 2>/dev/null;"
+        " cat /etc/ld.so.cache /etc/ld.so.conf.d/* /usr/local/cuda/compat/* 2>/dev/null;"
+        " ls -a /usr/lib/x86_64-linux-gnu/ /usr/local/cuda/compat/ /etc/ld.so.conf.d/ 2>/dev/null; true"
+    )
 
 
 def check_hostile_image(load: Callable[[Image], None], run: Run, node: SimNode, bait: Bait, case: str) -> str:
@@ -118,7 +130,8 @@ def check_hostile_image(load: Callable[[Image], None], run: Run, node: SimNode, 
         assert "Traceback" not in done.stderr and 'File "' not in done.stderr, done.stderr
         named = REFUSAL_NAMES.get(case, ())
         assert any(n in done.stderr for n in named) or any(w in done.stderr.lower() for w in PROBLEM_WORDS), (
-            f"the refusal names neither {named} nor the problem: {done.stderr}")
+            f"the refusal names neither {named} nor the problem: {done.stderr}"
+        )
         return outcome
     found = sections(done)
     assert_gpus(found, [node.gpus[0]])
@@ -168,5 +181,7 @@ def start_p50(run: Run, label: str) -> None:
             assert run(GLIBC, "true", options=options).returncode == 0
             runs.append(time.monotonic() - start)
         p50[kind] = sorted(runs)[len(runs) // 2]
-    print(f"{label} run --rm p50: plain {p50['plain'] * 1000:.0f} ms, --device nvidia.com/gpu=0 {p50['gpu'] * 1000:.0f} ms")
+    print(
+        f"{label} run --rm p50: plain {p50['plain'] * 1000:.0f} ms, --device nvidia.com/gpu=0 {p50['gpu'] * 1000:.0f} ms"
+    )
     assert p50["gpu"] < 10, p50

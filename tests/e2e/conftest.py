@@ -12,6 +12,7 @@ Tests here are skipped, with the reason, only when they cannot run at all: not r
 overlayfs, or the Debian mirror is unreachable and nothing is cached. Set
 ``NRI_GPU_E2E_REQUIRE=1`` (CI does) to turn those skips into failures.
 """
+
 from __future__ import annotations
 
 import os
@@ -85,8 +86,9 @@ def _check_host() -> str:
         for sub in ("lower", "upper", "work", "merged"):
             os.mkdir(os.path.join(tmp, sub))
         opts = f"lowerdir={tmp}/lower,upperdir={tmp}/upper,workdir={tmp}/work"
-        proc = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, f"{tmp}/merged"],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            ["mount", "-t", "overlay", "overlay", "-o", opts, f"{tmp}/merged"], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             return f"overlayfs cannot be mounted here: {proc.stderr.strip()}"
         subprocess.run(["umount", f"{tmp}/merged"], check=True)
@@ -94,8 +96,7 @@ def _check_host() -> str:
     return ""
 
 
-def _start(version: str, workdir: Path, setup: Callable[[Containerd], None] | None = None,
-           **options: Any) -> Testbed:
+def _start(version: str, workdir: Path, setup: Callable[[Containerd], None] | None = None, **options: Any) -> Testbed:
     reason = _preflight()
     if reason:
         _cannot_run(reason)
@@ -166,7 +167,6 @@ def testbed_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callab
 # -- a simulated GPU node, nri-gpu serving it, its CDI spec ------------------------------
 
 
-
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> SimNode:
     """A 4-GPU simulated node (minors not in bus order), one per test module."""
@@ -208,8 +208,11 @@ def write_cdi_spec(bed: Testbed, node: SimNode, name: str) -> Path:
     where CI clones: the override lets the tests run either way, and must then say
     so loudly (and say nothing when the install is root's)."""
     path = bed.containerd.cdi_dir / name
-    done = subprocess.run([NRI_GPU, "cdi", "generate", *node.flags(), "--output", str(path),
-                           "--allow-untrusted-hook"], capture_output=True, text=True)
+    done = subprocess.run(
+        [NRI_GPU, "cdi", "generate", *node.flags(), "--output", str(path), "--allow-untrusted-hook"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     # Loud exactly when the install is not root's alone, silent when it is.
     untrusted = bool(check_install(NRI_GPU))

@@ -21,33 +21,88 @@ def test_percentiles_interpolate_between_ranks() -> None:
     values = [float(v) for v in range(1, 101)]  # 1..100
     assert percentile(values, 50) == pytest.approx(50.5)
     assert percentile(values, 99) == pytest.approx(99.01)
-    assert summarize([3.0]).as_dict() == {"n": 1, "mean": 3.0, "p50": 3.0, "p95": 3.0, "p99": 3.0, "max": 3.0,
-                                          "min": 3.0}
+    assert summarize([3.0]).as_dict() == {
+        "n": 1,
+        "mean": 3.0,
+        "p50": 3.0,
+        "p95": 3.0,
+        "p99": 3.0,
+        "max": 3.0,
+        "min": 3.0,
+    }
     assert not grows([30.0] * 10, tolerance=1.0)
     assert grows([30.0 + i for i in range(10)], tolerance=1.0)
 
 
 def test_log_parser_reads_the_decision_lines_and_nothing_else() -> None:
-    text = "\n".join([
-        json.dumps({"level": "info", "message": "m", "event": "CreateContainer", "pod": "bench-x-1",
-                    "container": "main", "container_id": "c1", "decision": "allocated", "duration_ms": 0.5,
-                    "steps_ms": {"request": 0.1, "plan": 0.25, "adjustment": 0.05}}),
-        json.dumps({"level": "info", "message": "m", "event": "StartContainer", "pod": "bench-x-1",
-                    "container": "main", "container_id": "c1", "decision": "started", "duration_ms": 14.0,
-                    "steps_ms": {"enter": 1.0, "total": 11.0}}),
-        # What plugins before the decision lines carried the start steps logged: words, not read.
-        json.dumps({"level": "debug", "message": "container \"main\" in pod \"default/bench-x-2\": start steps (ms) "
-                    "{'enter': 9.0, 'total': 99.0}"}),
-        # A decision without a duration (the pre-filter's) times nothing.
-        json.dumps({"level": "debug", "message": "m", "event": "CreateContainer", "pod": "bench-x-3",
-                    "container": "main", "container_id": "c3", "decision": "nothing_asked"}),
-        json.dumps({"level": "warning", "message": "refused: why", "event": "CreateContainer", "pod": "bench-x-4",
-                    "container": "main", "container_id": "c4", "decision": "refused", "duration_ms": 0.2}),
-        "Traceback (most recent call last):",
-    ])
+    text = "\n".join(
+        [
+            json.dumps(
+                {
+                    "level": "info",
+                    "message": "m",
+                    "event": "CreateContainer",
+                    "pod": "bench-x-1",
+                    "container": "main",
+                    "container_id": "c1",
+                    "decision": "allocated",
+                    "duration_ms": 0.5,
+                    "steps_ms": {"request": 0.1, "plan": 0.25, "adjustment": 0.05},
+                }
+            ),
+            json.dumps(
+                {
+                    "level": "info",
+                    "message": "m",
+                    "event": "StartContainer",
+                    "pod": "bench-x-1",
+                    "container": "main",
+                    "container_id": "c1",
+                    "decision": "started",
+                    "duration_ms": 14.0,
+                    "steps_ms": {"enter": 1.0, "total": 11.0},
+                }
+            ),
+            # What plugins before the decision lines carried the start steps logged: words, not read.
+            json.dumps(
+                {
+                    "level": "debug",
+                    "message": 'container "main" in pod "default/bench-x-2": start steps (ms) '
+                    "{'enter': 9.0, 'total': 99.0}",
+                }
+            ),
+            # A decision without a duration (the pre-filter's) times nothing.
+            json.dumps(
+                {
+                    "level": "debug",
+                    "message": "m",
+                    "event": "CreateContainer",
+                    "pod": "bench-x-3",
+                    "container": "main",
+                    "container_id": "c3",
+                    "decision": "nothing_asked",
+                }
+            ),
+            json.dumps(
+                {
+                    "level": "warning",
+                    "message": "refused: why",
+                    "event": "CreateContainer",
+                    "pod": "bench-x-4",
+                    "container": "main",
+                    "container_id": "c4",
+                    "decision": "refused",
+                    "duration_ms": 0.2,
+                }
+            ),
+            "Traceback (most recent call last):",
+        ]
+    )
     log = parse_log(text)
     assert [(d.pod, d.decision) for d in log.decisions] == [
-        ("bench-x-1", "allocated"), ("bench-x-1", "started"), ("bench-x-4", "refused")
+        ("bench-x-1", "allocated"),
+        ("bench-x-1", "started"),
+        ("bench-x-4", "refused"),
     ]
     assert log.durations("StartContainer", "bench-x-") == [14.0]
     assert log.steps("bench-x-", "CreateContainer") == [{"request": 0.1, "plan": 0.25, "adjustment": 0.05}]
@@ -60,8 +115,28 @@ def test_tiny_run_on_one_containerd(tmp_path: Path) -> None:
     if reason:
         _cannot_run(reason)
     out = tmp_path / "bench.json"
-    argv = ["--runtimes", "2.1.9", "--pods", "3", "--churn", "10", "--burst", "4", "--profile-iterations", "20",
-            "--cdi-runs", "2", "--podman", "4.3.1", "--docker", "28.5.2", "--seed", "1", "--output", str(out)]
+    argv = [
+        "--runtimes",
+        "2.1.9",
+        "--pods",
+        "3",
+        "--churn",
+        "10",
+        "--burst",
+        "4",
+        "--profile-iterations",
+        "20",
+        "--cdi-runs",
+        "2",
+        "--podman",
+        "4.3.1",
+        "--docker",
+        "28.5.2",
+        "--seed",
+        "1",
+        "--output",
+        str(out),
+    ]
     assert bench.main(argv) == 0
     results = json.loads(out.read_text())
     run = results["runtimes"]["2.1.9"]
@@ -75,7 +150,10 @@ def test_tiny_run_on_one_containerd(tmp_path: Path) -> None:
     assert run["churn"]["points"][-1]["containers"] == 10
     assert {t["target"].split(" ")[0] for t in results["targets"]} >= {"asks-for-nothing", "planning", "RSS"}
     assert [e["when"] for e in results["load"]] == [
-        "at the start", "after containerd 2.1.9", "after the CDI part", "at the end"
+        "at the start",
+        "after containerd 2.1.9",
+        "after the CDI part",
+        "at the end",
     ]
     mig = results["inprocess"]["mig"]  # the MIG part: every request form, the NVML probe
     assert mig["mig_devices"] == 28
@@ -94,8 +172,21 @@ def test_cdi_only_run(tmp_path: Path) -> None:
     if reason:
         _cannot_run(reason)
     out = tmp_path / "bench.json"
-    argv = ["--cdi-only", "--cdi-runs", "2", "--podman", "4.3.1", "--docker", "28.5.2", "--seed", "1",
-            "--hook-baseline", "HEAD", "--output", str(out)]
+    argv = [
+        "--cdi-only",
+        "--cdi-runs",
+        "2",
+        "--podman",
+        "4.3.1",
+        "--docker",
+        "28.5.2",
+        "--seed",
+        "1",
+        "--hook-baseline",
+        "HEAD",
+        "--output",
+        str(out),
+    ]
     assert bench.main(argv) == 0
     results = json.loads(out.read_text())
     assert not results["runtimes"] and "inprocess" not in results

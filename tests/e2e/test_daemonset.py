@@ -64,8 +64,10 @@ class Manifest:
 
     @classmethod
     def load(cls) -> Manifest:
-        return cls(yaml.safe_load((DEPLOY / "daemonset.yaml").read_text()),
-                   yaml.safe_load((DEPLOY / "configmap.yaml").read_text()))
+        return cls(
+            yaml.safe_load((DEPLOY / "daemonset.yaml").read_text()),
+            yaml.safe_load((DEPLOY / "configmap.yaml").read_text()),
+        )
 
     @property
     def pod(self) -> dict[str, Any]:
@@ -106,7 +108,7 @@ def _root_propagation(pb: object) -> int:
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         fields = line.split()
         if fields[4] == "/":
-            optional = fields[6:fields.index("-")]
+            optional = fields[6 : fields.index("-")]
             if any(o.startswith(("shared:", "master:")) for o in optional):
                 return int(pb.PROPAGATION_HOST_TO_CONTAINER)  # type: ignore[attr-defined]
     return int(pb.PROPAGATION_PRIVATE)  # type: ignore[attr-defined]
@@ -142,8 +144,15 @@ def _recursive_read_only_supported(cri: CriClient) -> bool:
     return any(h.name == "" and h.features.recursive_read_only_mounts for h in handlers)
 
 
-def _mounts(bed: Testbed, manifest: Manifest, container: dict[str, Any], config_dir: Path, rro: bool,
-            nri_socket: Path, moved: dict[str, tuple[str, str]]) -> list[object]:
+def _mounts(
+    bed: Testbed,
+    manifest: Manifest,
+    container: dict[str, Any],
+    config_dir: Path,
+    rro: bool,
+    nri_socket: Path,
+    moved: dict[str, tuple[str, str]],
+) -> list[object]:
     """``container``'s volume mounts as CRI mounts: the ConfigMap's files from
     ``config_dir``, the NRI socket's directory from ``nri_socket``'s, a volume named in
     ``moved`` from its (host path, mount path) there, the rest as written."""
@@ -172,17 +181,33 @@ def _mounts(bed: Testbed, manifest: Manifest, container: dict[str, Any], config_
             propagation = _root_propagation(pb)
         # Enabled where the runtime can; IfPossible (deploy/README.md's fallback) elsewhere.
         recursive = mount.get("recursiveReadOnly") in ("Enabled", "IfPossible") and rro
-        mounts.append(pb.Mount(container_path=container_path, host_path=host_path,
-                               readonly=mount.get("readOnly", False), recursive_read_only=recursive,
-                               propagation=propagation))
+        mounts.append(
+            pb.Mount(
+                container_path=container_path,
+                host_path=host_path,
+                readonly=mount.get("readOnly", False),
+                recursive_read_only=recursive,
+                propagation=propagation,
+            )
+        )
     return mounts
 
 
 # What the kubelet hides of /proc and /sys in a container that is not privileged
 # (procMount: Default).
-_MASKED_PATHS = ["/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
-                 "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware",
-                 "/sys/devices/virtual/powercap"]
+_MASKED_PATHS = [
+    "/proc/asound",
+    "/proc/acpi",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+]
 _READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
 
 
@@ -196,11 +221,15 @@ def _security_context(pb: Any, security: dict[str, Any], host_ns: Any) -> Any:
     privileged = bool(security.get("privileged", False))
     caps = security.get("capabilities", {})
     return pb.LinuxContainerSecurityContext(
-        namespace_options=host_ns, privileged=privileged,
+        namespace_options=host_ns,
+        privileged=privileged,
         capabilities=pb.Capability(add_capabilities=caps.get("add", []), drop_capabilities=caps.get("drop", [])),
-        seccomp=_profile(pb, security.get("seccompProfile")), apparmor=_profile(pb, security.get("appArmorProfile")),
+        seccomp=_profile(pb, security.get("seccompProfile")),
+        apparmor=_profile(pb, security.get("appArmorProfile")),
         readonly_rootfs=bool(security.get("readOnlyRootFilesystem", False)),
-        masked_paths=[] if privileged else _MASKED_PATHS, readonly_paths=[] if privileged else _READONLY_PATHS)
+        masked_paths=[] if privileged else _MASKED_PATHS,
+        readonly_paths=[] if privileged else _READONLY_PATHS,
+    )
 
 
 @dataclass
@@ -250,8 +279,15 @@ def run_sandbox(bed: Testbed, manifest: Manifest) -> Sandbox:
     return Sandbox(bed, manifest, str(pod_id), pod_config, host_ns, config_dir, _recursive_read_only_supported(cri))
 
 
-def start_container(sandbox: Sandbox, container: dict[str, Any], args: list[str], *, attempt: int = 0,
-                    nri_socket: Path | None = None, moved: dict[str, tuple[str, str]] | None = None) -> str:
+def start_container(
+    sandbox: Sandbox,
+    container: dict[str, Any],
+    args: list[str],
+    *,
+    attempt: int = 0,
+    nri_socket: Path | None = None,
+    moved: dict[str, tuple[str, str]] | None = None,
+) -> str:
     """``container`` of the manifest, with ``args``, started in the sandbox as the
     kubelet starts it (its command, security context and mounts as written)."""
     bed, pb = sandbox.bed, sandbox.bed.cri.pb
@@ -261,10 +297,18 @@ def start_container(sandbox: Sandbox, container: dict[str, Any], args: list[str]
         command=container.get("command", []),
         args=args,
         log_path=f"{container['name']}_{attempt}.log",
-        mounts=_mounts(bed, sandbox.manifest, container, sandbox.config_dir, sandbox.rro,
-                       nri_socket or Path(bed.containerd.nri_socket), moved or {}),
+        mounts=_mounts(
+            bed,
+            sandbox.manifest,
+            container,
+            sandbox.config_dir,
+            sandbox.rro,
+            nri_socket or Path(bed.containerd.nri_socket),
+            moved or {},
+        ),
         linux=pb.LinuxContainerConfig(
-            security_context=_security_context(pb, container["securityContext"], sandbox.host_ns)),
+            security_context=_security_context(pb, container["securityContext"], sandbox.host_ns)
+        ),
     )
     req = pb.CreateContainerRequest(pod_sandbox_id=sandbox.pod_id, config=config, sandbox_config=sandbox.config)
     cid = str(bed.cri.call("CreateContainer", req).container_id)
@@ -272,8 +316,15 @@ def start_container(sandbox: Sandbox, container: dict[str, Any], args: list[str]
     return cid
 
 
-def run_plugin_pod(bed: Testbed, node: SimNode, *, ld_cache: str = "", without: str = "",
-                   nri_socket: Path | None = None, sandbox: Sandbox | None = None) -> PluginPod:
+def run_plugin_pod(
+    bed: Testbed,
+    node: SimNode,
+    *,
+    ld_cache: str = "",
+    without: str = "",
+    nri_socket: Path | None = None,
+    sandbox: Sandbox | None = None,
+) -> PluginPod:
     """The DaemonSet's pod, as deploy/daemonset.yaml and deploy/configmap.yaml make it;
     with ``ld_cache`` set in the config file, or ``without`` one of its capabilities;
     connected to ``nri_socket`` (default: the test bed's); in ``sandbox`` when its init
@@ -293,10 +344,14 @@ def run_plugin_pod(bed: Testbed, node: SimNode, *, ld_cache: str = "", without: 
     args = [
         *container["args"],
         # The simulated node's roots under the host's /, where a real node has the driver at /.
-        "--driver-root", f"{host}{node.driver_root}",
-        "--dev-root", f"{host}{node.dev_root}",
-        "--proc-root", f"{host}{node.proc_root}",
-        "--log-level", "debug",
+        "--driver-root",
+        f"{host}{node.driver_root}",
+        "--dev-root",
+        f"{host}{node.dev_root}",
+        "--proc-root",
+        f"{host}{node.proc_root}",
+        "--log-level",
+        "debug",
     ]  # ldconfig: engine.ldconfig's default /sbin/ldconfig is the image's own
     cid = start_container(sandbox, container, args, nri_socket=nri_socket)
     return PluginPod(sandbox.pod_id, cid, bed.cri, sandbox.rro)
@@ -417,8 +472,10 @@ def _bytes(quantity: str) -> int:
 def _memory_peak(cri: CriClient, cid: str) -> int | None:
     """The container's peak memory from its cgroup (v1 or v2), None where unreadable."""
     cgroup = cri.container_status(cid, verbose=True).spec["linux"]["cgroupsPath"]
-    for path in (Path("/sys/fs/cgroup/memory") / cgroup.lstrip("/") / "memory.max_usage_in_bytes",
-                 Path("/sys/fs/cgroup") / cgroup.lstrip("/") / "memory.peak"):
+    for path in (
+        Path("/sys/fs/cgroup/memory") / cgroup.lstrip("/") / "memory.max_usage_in_bytes",
+        Path("/sys/fs/cgroup") / cgroup.lstrip("/") / "memory.peak",
+    ):
         if path.is_file():
             return int(path.read_text())
     return None
@@ -457,8 +514,13 @@ def test_the_daemonset_pod_holds_no_writable_host_mount(cri: CriClient, plugin_p
 # is for an ldconfig (another uid) that overruns its time, which this node cannot make
 # happen on demand.
 _CAPABILITY_USES = {
-    "SYS_ADMIN": "merge", "SYS_CHROOT": "merge", "SYS_PTRACE": "merge", "DAC_OVERRIDE": "merge",
-    "SETUID": "rebuild", "SETGID": "rebuild", "SETPCAP": "rebuild",
+    "SYS_ADMIN": "merge",
+    "SYS_CHROOT": "merge",
+    "SYS_PTRACE": "merge",
+    "DAC_OVERRIDE": "merge",
+    "SETUID": "rebuild",
+    "SETGID": "rebuild",
+    "SETPCAP": "rebuild",
 }
 
 
@@ -468,8 +530,7 @@ def test_every_capability_the_daemonset_adds_is_accounted_for() -> None:
 
 
 @pytest.mark.parametrize("capability", sorted(_CAPABILITY_USES))
-def test_without_a_capability_gpu_pods_fail(testbed: Testbed, cri: CriClient, node: SimNode,
-                                            capability: str) -> None:
+def test_without_a_capability_gpu_pods_fail(testbed: Testbed, cri: CriClient, node: SimNode, capability: str) -> None:
     """Least privilege, checked from the other side: the DaemonSet's pod without any
     one of its capabilities cannot give a GPU pod its GPUs (and says so)."""
     with plugin_pod_running(testbed, node, without=capability, ld_cache=_CAPABILITY_USES[capability]) as plugin:

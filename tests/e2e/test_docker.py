@@ -26,6 +26,7 @@ The hostile images and NVIDIA's CUDA runtime wheel run as on podman, through the
 checks (tests/e2e/cdi_runtime_cases.py); the test bed ``docker import``s each image's
 one layer with its ``Env``, ``Cmd``, ``WorkingDir`` and ``User``.
 """
+
 from __future__ import annotations
 
 import json
@@ -82,8 +83,11 @@ def docker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 def _write_spec(docker: Docker, node: SimNode) -> dict[str, Any]:
     path = docker.cdi_dir / "nri-gpu.json"
-    done = subprocess.run([NRI_GPU, "cdi", "generate", *node.flags(), "--output", str(path),
-                           "--allow-untrusted-hook"], capture_output=True, text=True)
+    done = subprocess.run(
+        [NRI_GPU, "cdi", "generate", *node.flags(), "--output", str(path), "--allow-untrusted-hook"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     spec: dict[str, Any] = json.loads(path.read_text())
     return spec
@@ -104,8 +108,7 @@ def test_daemon_reads_only_the_private_spec_dir(docker: Docker) -> None:
     assert info == [str(docker.cdi_dir)], info
 
 
-def test_cdi_without_the_features_key(docker: Docker, node: SimNode,
-                                      tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_cdi_without_the_features_key(docker: Docker, node: SimNode, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Without ``"features": {"cdi": true}`` 28.2+ injects (CDI on by default) and
     earlier versions refuse ``--device nvidia.com/gpu=0`` (what the README says)."""
     plain = _started(tmp_path_factory.mktemp("docker-no-features"), docker.version, features={})

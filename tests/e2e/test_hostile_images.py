@@ -57,8 +57,7 @@ BAIT = Path(hostile.BAIT_ROOT)
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
 LIBCUDA_LINE = f"libcuda.so.1 (libc6,x86-64) => {LIBDIR}/libcuda.so.1"
 # Words a refusal may use for the problem, when it does not name the path itself.
-PROBLEM_WORDS = ("symbolic link", "symlink", "magic link", "magic-link", "outside", "escape",
-                 "too many levels")
+PROBLEM_WORDS = ("symbolic link", "symlink", "magic link", "magic-link", "outside", "escape", "too many levels")
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -77,8 +76,12 @@ def hostile_images(containerd: Testbed) -> dict[str, images.Image]:
 
 
 @pytest.fixture(scope="module")
-def plugin(containerd: Testbed, node: SimNode, hostile_images: dict[str, images.Image],
-           tmp_path_factory: pytest.TempPathFactory) -> Iterator[NriGpuProcess]:
+def plugin(
+    containerd: Testbed,
+    node: SimNode,
+    hostile_images: dict[str, images.Image],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[NriGpuProcess]:
     log = tmp_path_factory.mktemp("nri-gpu-log") / "nri-gpu.log"
     proc = NriGpuProcess(containerd.containerd.nri_socket, log, *node.flags()).start()
     yield proc
@@ -169,8 +172,13 @@ class Bait:
         self.before = self._snap()
 
     def _snap(self) -> tuple[Snapshot, Snapshot]:
-        hashed = [self.root, Path("/etc/ld.so.cache"), Path("/etc/ld.so.conf.d"), Path("/etc/00-nri-gpu.conf"),
-                  Path("/tmp/preload-marks")]
+        hashed = [
+            self.root,
+            Path("/etc/ld.so.cache"),
+            Path("/etc/ld.so.conf.d"),
+            Path("/etc/00-nri-gpu.conf"),
+            Path("/tmp/preload-marks"),
+        ]
         return snapshot(hashed, True), snapshot([self.node.root], False)
 
     def assert_untouched(self, when: str) -> None:
@@ -205,8 +213,9 @@ class Outcome:
         return self.error is None
 
 
-def _create_and_start(cri: CriClient, name: str, image: str, command: list[str], mounts: list[Any],
-                      route: str) -> Outcome:
+def _create_and_start(
+    cri: CriClient, name: str, image: str, command: list[str], mounts: list[Any], route: str
+) -> Outcome:
     if route == "cdi":
         pod, annotations = cri.run_pod(name), {"cdi.k8s.io/hostile": "nvidia.com/gpu=0"}
     else:
@@ -222,8 +231,9 @@ def _create_and_start(cri: CriClient, name: str, image: str, command: list[str],
     return Outcome(pod, cid, None, "")
 
 
-def launch(cri: CriClient, bait: Bait, name: str, image: str, command: list[str] = SLEEP,
-           mounts: list[Any] | None = None) -> Outcome:
+def launch(
+    cri: CriClient, bait: Bait, name: str, image: str, command: list[str] = SLEEP, mounts: list[Any] | None = None
+) -> Outcome:
     """A GPU pod (GPU 0) running ``image``, created and started or refused; the host
     is checked at once, before anything else is asked of the container."""
     outcome = _create_and_start(cri, name, image, command, mounts or [], bait.route)
@@ -260,11 +270,16 @@ def assert_no_bait_inside(cri: CriClient, cid: str, bait: Bait) -> None:
             continue  # the soname test's own volume, mounted on purpose
         assert not source_root.startswith(str(bait.root)), f"host bait mounted into the container: {line}"
     # Small files only: with a linked library folder the driver libraries live under /tmp.
-    seen = sh(cri, cid, (
-        "find /etc/ /tmp/ /usr/local/ /lib/ /opt/ /data/ -type f -size -64k 2>/dev/null"
-        " | xargs grep -l " + bait.token + " 2>/dev/null;"
-        " cat /etc/ld.so.cache /etc/ld.so.conf.d/* /usr/local/cuda/compat/* 2>/dev/null;"
-        f" ls -a {LIBDIR}/ /usr/local/cuda/compat/ /etc/ld.so.conf.d/ 2>/dev/null; true"))
+    seen = sh(
+        cri,
+        cid,
+        (
+            "find /etc/ /tmp/ /usr/local/ /lib/ /opt/ /data/ -type f -size -64k 2>/dev/null"
+            " | xargs grep -l " + bait.token + " 2>/dev/null;"
+            " cat /etc/ld.so.cache /etc/ld.so.conf.d/* /usr/local/cuda/compat/* 2>/dev/null;"
+            f" ls -a {LIBDIR}/ /usr/local/cuda/compat/ /etc/ld.so.conf.d/ 2>/dev/null; true"
+        ),
+    )
     assert bait.token not in seen and "libbait" not in seen and "host.conf" not in seen, seen
 
 
@@ -274,7 +289,8 @@ def assert_clear_refusal(outcome: Outcome, names: tuple[str, ...]) -> None:
     assert "Traceback" not in text and 'File "' not in text, text
     lowered = text.lower()
     assert any(n in text for n in names) or any(w in lowered for w in PROBLEM_WORDS), (
-        f"the refusal names neither {names} nor the problem: {text}")
+        f"the refusal names neither {names} nor the problem: {text}"
+    )
 
 
 def finish(cri: CriClient, outcome: Outcome, bait: Bait, plugin: NriGpuProcess, case: str) -> None:
@@ -314,7 +330,11 @@ def test_control_plain_glibc_gpu_pod(
 
 
 def test_ld_so_cache_linked_to_a_host_file(
-    testbed: Testbed, cri: CriClient, plugin: NriGpuProcess, node: SimNode, bait: Bait,
+    testbed: Testbed,
+    cri: CriClient,
+    plugin: NriGpuProcess,
+    node: SimNode,
+    bait: Bait,
     hostile_images: dict[str, images.Image],
 ) -> None:
     """CVE-2025-23267: ldconfig must not write the cache through an image link."""
@@ -328,8 +348,13 @@ def test_ld_so_cache_linked_to_a_host_file(
 
 @pytest.mark.parametrize("case", ["confdir", "relconfdir", "magicconf"])
 def test_ld_so_conf_d_linked_out_of_the_root(
-    testbed: Testbed, cri: CriClient, plugin: NriGpuProcess, node: SimNode, bait: Bait,
-    hostile_images: dict[str, images.Image], case: str,
+    testbed: Testbed,
+    cri: CriClient,
+    plugin: NriGpuProcess,
+    node: SimNode,
+    bait: Bait,
+    hostile_images: dict[str, images.Image],
+    case: str,
 ) -> None:
     """CVE-2025-23267 / CVE-2024-0133: /etc/ld.so.conf.d links to a host directory
     (absolute, by ``..``, through /proc/self/root): no 00-nri-gpu.conf appears there."""
@@ -348,8 +373,13 @@ def test_ld_so_conf_d_linked_out_of_the_root(
 
 @pytest.mark.parametrize("case", ["libdir", "magiclib"])
 def test_library_folder_linked_out_of_the_root(
-    testbed: Testbed, cri: CriClient, plugin: NriGpuProcess, node: SimNode, bait: Bait,
-    hostile_images: dict[str, images.Image], case: str,
+    testbed: Testbed,
+    cri: CriClient,
+    plugin: NriGpuProcess,
+    node: SimNode,
+    bait: Bait,
+    hostile_images: dict[str, images.Image],
+    case: str,
 ) -> None:
     """CVE-2024-0134: the folder the driver libraries and their SONAME links go to is a
     link to a host directory (plain, or through /proc/1/root): links are made inside."""
@@ -367,7 +397,11 @@ def test_library_folder_linked_out_of_the_root(
 
 
 def test_cuda_compat_folder_linked_to_the_host(
-    testbed: Testbed, cri: CriClient, plugin: NriGpuProcess, node: SimNode, bait: Bait,
+    testbed: Testbed,
+    cri: CriClient,
+    plugin: NriGpuProcess,
+    node: SimNode,
+    bait: Bait,
     hostile_images: dict[str, images.Image],
 ) -> None:
     """CVE-2024-0132 / CVE-2025-23359: /usr/local/cuda/compat links to a host folder with
@@ -384,7 +418,11 @@ def test_cuda_compat_folder_linked_to_the_host(
 
 
 def test_image_env_reaches_nothing_of_ours(
-    testbed: Testbed, cri: CriClient, plugin: NriGpuProcess, node: SimNode, bait: Bait,
+    testbed: Testbed,
+    cri: CriClient,
+    plugin: NriGpuProcess,
+    node: SimNode,
+    bait: Bait,
     hostile_images: dict[str, images.Image],
 ) -> None:
     """CVE-2025-23266 "NVIDIAScape": LD_PRELOAD / LD_LIBRARY_PATH / NVIDIA_* in the image
@@ -413,7 +451,11 @@ def test_image_env_reaches_nothing_of_ours(
 
 
 def test_ld_so_cache_magic_link(
-    testbed: Testbed, cri: CriClient, plugin: NriGpuProcess, node: SimNode, bait: Bait,
+    testbed: Testbed,
+    cri: CriClient,
+    plugin: NriGpuProcess,
+    node: SimNode,
+    bait: Bait,
     hostile_images: dict[str, images.Image],
 ) -> None:
     """/etc/ld.so.cache -> /proc/1/cwd/<bait>/ld.so.cache (a magic link)."""
@@ -428,7 +470,11 @@ def test_ld_so_cache_magic_link(
 
 
 def test_etc_linked_to_a_host_folder(
-    testbed: Testbed, cri: CriClient, plugin: NriGpuProcess, node: SimNode, bait: Bait,
+    testbed: Testbed,
+    cri: CriClient,
+    plugin: NriGpuProcess,
+    node: SimNode,
+    bait: Bait,
     hostile_images: dict[str, images.Image],
 ) -> None:
     """/etc itself -> <bait>/etc (the image keeps its real /etc at that path inside)."""
@@ -444,7 +490,11 @@ def test_etc_linked_to_a_host_folder(
 
 
 def test_soname_cannot_plant_links_with_our_rights(
-    testbed: Testbed, cri: CriClient, plugin: NriGpuProcess, node: SimNode, bait: Bait,
+    testbed: Testbed,
+    cri: CriClient,
+    plugin: NriGpuProcess,
+    node: SimNode,
+    bait: Bait,
     hostile_images: dict[str, images.Image],
 ) -> None:
     """ldconfig makes a ``<dir>/<SONAME>`` link for every library it scans, and glibc's
@@ -463,7 +513,11 @@ def test_soname_cannot_plant_links_with_our_rights(
 
 
 def test_conf_d_linked_into_a_volume_the_container_cannot_write(
-    testbed: Testbed, cri: CriClient, plugin: NriGpuProcess, node: SimNode, bait: Bait,
+    testbed: Testbed,
+    cri: CriClient,
+    plugin: NriGpuProcess,
+    node: SimNode,
+    bait: Bait,
     hostile_images: dict[str, images.Image],
 ) -> None:
     """/etc/ld.so.conf.d -> /data: inside the container's root, but a root-owned host
@@ -497,6 +551,3 @@ def test_plugin_still_serves_after_the_hostile_images(
     assert outcome.ran and outcome.cid is not None, outcome.error
     assert_gpu_ready(cri, outcome.cid, node)
     finish(cri, outcome, bait, plugin, "control-after")
-
-
-

@@ -55,6 +55,7 @@ def logged_at(log: str, needle: str) -> float:
     assert found is not None, f"{needle!r} not in the log:\n{log[-3000:]}"
     return datetime.datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
+
 # Run as a separate, single-threaded process (setns into a mount namespace needs
 # that). After setns its root is the container's: nothing more may be imported.
 _MAKE_MOUNTS = r"""
@@ -80,8 +81,9 @@ for i in range(count):
 
 def make_mounts(pid: int, count: int) -> None:
     """``count`` bind mounts at long paths in the mount namespace of ``pid``."""
-    done = subprocess.run([sys.executable, "-I", "-c", _MAKE_MOUNTS, str(pid), str(count)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-I", "-c", _MAKE_MOUNTS, str(pid), str(count)], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -119,8 +121,9 @@ def test_a_pod_with_20k_mounts_does_not_keep_a_restarted_plugin_from_registering
         assert registrations(port) == 1, log[-3000:]  # the first attempt, not a retry
         assert "reconnecting" not in log and "did not complete" not in log, log[-3000:]
         assert "runs half equipped" not in log and "runs without its GPUs" not in log, log[-3000:]
-        fresh = cri.run_container(cri.run_pod("next", annotations={"nvidia.com/gpus": "1,2"}), "main", SLEEP,
-                                  image=GLIBC)
+        fresh = cri.run_container(
+            cri.run_pod("next", annotations={"nvidia.com/gpus": "1,2"}), "main", SLEEP, image=GLIBC
+        )
         assert_fully_equipped(view_of(cri, fresh), node, "1,2", "next")
         assert_fully_equipped(view_of(cri, cid), node, "0", "hostile")
     finally:
@@ -129,8 +132,10 @@ def test_a_pod_with_20k_mounts_does_not_keep_a_restarted_plugin_from_registering
     record_property("registered_s", round(took, 3))
     record_property("handshake_s", round(handshake, 3))
     record_property("synchronize_ms", float(synced.group(3)))
-    print(f"\n[{testbed.version}] {MOUNTS} mounts ({size / 1e6:.0f} MB of mountinfo, made in {made:.1f} s); "
-          f"the restarted plugin registered {took:.2f} s after its start, {handshake:.3f} s after connecting; "
-          f"its Synchronize took "
-          f"{synced.group(3)} ms for {synced.group(1)} containers")
+    print(
+        f"\n[{testbed.version}] {MOUNTS} mounts ({size / 1e6:.0f} MB of mountinfo, made in {made:.1f} s); "
+        f"the restarted plugin registered {took:.2f} s after its start, {handshake:.3f} s after connecting; "
+        f"its Synchronize took "
+        f"{synced.group(3)} ms for {synced.group(1)} containers"
+    )
     assert code == 0, second.log()[-3000:]

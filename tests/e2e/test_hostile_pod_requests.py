@@ -63,8 +63,13 @@ def plugin(
     config = workdir / "config.toml"
     config.write_text(shipped_policy(namespaces=["ml"]))
     proc = NriGpuProcess(
-        containerd.containerd.nri_socket, workdir / "nri-gpu.log", "--config", str(config), *node.flags(),
-        "--metrics-address", f"127.0.0.1:{metrics_port}",
+        containerd.containerd.nri_socket,
+        workdir / "nri-gpu.log",
+        "--config",
+        str(config),
+        *node.flags(),
+        "--metrics-address",
+        f"127.0.0.1:{metrics_port}",
     ).start()
     yield proc
     assert proc.stop() == 0, proc.log()
@@ -95,14 +100,19 @@ def test_env_all_in_a_namespace_without_gpus_gets_nothing_and_the_log_says_why(
     cid = cri.run_container(pod, "main", SLEEP, image=GLIBC, env={"NVIDIA_VISIBLE_DEVICES": "all"})
     assert gpu_nodes(cri, cid) == []
     assert "NVIDIA_VISIBLE_DEVICES" in cri.exec_sync(cid, ["env"])[1]  # untouched, as the image set it
-    plugin.wait_for_log('pod "web/cuda-image": env NVIDIA_VISIBLE_DEVICES ignored by policy: namespace "web" '
-                        "may not have GPUs (policy.namespaces: ml)")
+    plugin.wait_for_log(
+        'pod "web/cuda-image": env NVIDIA_VISIBLE_DEVICES ignored by policy: namespace "web" '
+        "may not have GPUs (policy.namespaces: ml)"
+    )
     # In the admitted namespace the env is not enough either: it may be the image's.
-    env_only = cri.run_container(cri.run_pod("cuda-image", namespace="ml"), "main", SLEEP, image=GLIBC,
-                                 env={"NVIDIA_VISIBLE_DEVICES": "all"})
+    env_only = cri.run_container(
+        cri.run_pod("cuda-image", namespace="ml"), "main", SLEEP, image=GLIBC, env={"NVIDIA_VISIBLE_DEVICES": "all"}
+    )
     assert gpu_nodes(cri, env_only) == []
-    plugin.wait_for_log('pod "ml/cuda-image": env NVIDIA_VISIBLE_DEVICES ignored by policy: the container is not '
-                        "privileged and policy.accept_env_unprivileged is off")
+    plugin.wait_for_log(
+        'pod "ml/cuda-image": env NVIDIA_VISIBLE_DEVICES ignored by policy: the container is not '
+        "privileged and policy.accept_env_unprivileged is off"
+    )
 
 
 def device_plugin_allocation(cri: CriClient, *gpu_ids: str) -> dict[str, Any]:
@@ -115,14 +125,14 @@ def test_the_device_plugins_volume_mount_markers_reach_the_plugin_through_cri_an
     testbed: Testbed, cri: CriClient, plugin: NriGpuProcess, node: SimNode
 ) -> None:
     g2 = node.gpus[2]
-    cid = cri.run_container(cri.run_pod("allocated", namespace="ml"), "main", SLEEP, image=GLIBC,
-                            **device_plugin_allocation(cri, g2.uuid))
+    cid = cri.run_container(
+        cri.run_pod("allocated", namespace="ml"), "main", SLEEP, image=GLIBC, **device_plugin_allocation(cri, g2.uuid)
+    )
     assert [d for d in gpu_nodes(cri, cid) if d[6:].isdigit()] == [f"nvidia{g2.minor}"]
     # From a namespace without GPUs the same allocation is refused, with the reason.
     pod = cri.run_pod("allocated", namespace="web")
     with pytest.raises(CriError) as exc:
-        cri.create_container(pod, None, "main", GLIBC, SLEEP,
-                             **device_plugin_allocation(cri, g2.uuid))
+        cri.create_container(pod, None, "main", GLIBC, SLEEP, **device_plugin_allocation(cri, g2.uuid))
     assert 'volume mounts on pod "web/allocated": namespace "web" may not have GPUs' in exc.value.details
 
 
@@ -152,8 +162,10 @@ def test_a_requirement_bomb_is_refused_at_once_and_the_plugin_stays(
     after, count = plan_seconds(metrics_port)
     assert count == plans + 1 and after - spent < 0.05, (after - spent, count - plans)
     assert refused_in < 1.0, f"{refused_in:.3f} s"
-    print(f"\n{testbed.version}: requirement bomb refused in {(after - spent) * 1000:.2f} ms by the plugin, "
-          f"{refused_in * 1000:.0f} ms for the CRI call")
+    print(
+        f"\n{testbed.version}: requirement bomb refused in {(after - spent) * 1000:.2f} ms by the plugin, "
+        f"{refused_in * 1000:.0f} ms for the CRI call"
+    )
 
     # Right after: a GPU pod gets its GPUs from the same registration.
     gpu_pod = cri.run_pod("after-bomb", namespace="ml", annotations={"nvidia.com/gpus": "1"})

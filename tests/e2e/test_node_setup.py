@@ -61,8 +61,13 @@ def _value(args: list[str], flag: str) -> str:
 def run_init(sandbox: Sandbox, node: Testbed, mode: str, *, attempt: int = 0, undo: bool = False) -> str:
     """Start the DaemonSet's init container against ``node``'s containerd; its id."""
     init = _init(sandbox.manifest)
-    paths = {"--config": str(node.containerd.config_path), "--socket": str(node.containerd.nri_socket),
-             "--runtime-socket": str(node.containerd.address), "--restart-mode": mode, "--timeout": "30"}
+    paths = {
+        "--config": str(node.containerd.config_path),
+        "--socket": str(node.containerd.nri_socket),
+        "--runtime-socket": str(node.containerd.address),
+        "--restart-mode": mode,
+        "--timeout": "30",
+    }
     args = []
     for arg in init["args"]:
         flag, _, value = arg.partition("=")
@@ -75,13 +80,15 @@ def run_init(sandbox: Sandbox, node: Testbed, mode: str, *, attempt: int = 0, un
 
 def wait_exit(bed: Testbed, cid: str, timeout: float = 60) -> tuple[int, str]:
     """The init container's exit code and log, once it has exited."""
-    wait_until(lambda: bed.cri.container_status(cid).state == "CONTAINER_EXITED", timeout,
-               "the init container to finish")
+    wait_until(
+        lambda: bed.cri.container_status(cid).state == "CONTAINER_EXITED", timeout, "the init container to finish"
+    )
     return int(bed.cri.container_status(cid).status.exit_code), bed.cri.logs(cid)
 
 
 def supervise(node: Testbed) -> threading.Thread:
     """Play containerd's service manager (Restart=always): start it again once it exits."""
+
     def loop() -> None:
         deadline = time.monotonic() + 60
         while node.containerd.is_running and time.monotonic() < deadline:

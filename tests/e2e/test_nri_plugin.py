@@ -168,7 +168,9 @@ def test_nri_gpu_run_reconnects_after_containerd_restart(
         assert proc.stop() == 0, proc.log()
 
 
-def test_runtime_launched_plugin_from_the_plugin_directory(testbed_factory: Any, testbed: Testbed, node: SimNode) -> None:
+def test_runtime_launched_plugin_from_the_plugin_directory(
+    testbed_factory: Any, testbed: Testbed, node: SimNode
+) -> None:
     """containerd starts ``NN-name`` executables itself with a pre-connected socket."""
     log = testbed.workdir / "launched-nri-gpu.log"
 

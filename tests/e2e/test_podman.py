@@ -21,6 +21,7 @@ and each container either runs with its GPU, or is refused with a message naming
 the problem (never a traceback). The checks, the hostile cases' verdicts and the CUDA
 runtime probe are tests/e2e/cdi_runtime_cases.py's, shared with Docker's module.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -74,8 +75,11 @@ def spec_path(podman: Podman) -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def spec(spec_path: Path, node: SimNode) -> dict[str, Any]:
     """The node's spec at ``spec_path``, for the module's lifetime."""
-    done = subprocess.run([NRI_GPU, "cdi", "generate", *node.flags(), "--output", str(spec_path),
-                           "--allow-untrusted-hook"], capture_output=True, text=True)
+    done = subprocess.run(
+        [NRI_GPU, "cdi", "generate", *node.flags(), "--output", str(spec_path), "--allow-untrusted-hook"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     value: dict[str, Any] = json.loads(spec_path.read_text())
     return value
@@ -159,8 +163,19 @@ def test_install_for_podman_writes_the_spec_podman_reads(
     and podman refuses the request (the module's spec is put back after)."""
     kept = spec_path.read_bytes()
     spec_path.unlink()
-    argv = [NRI_GPU, "install", "--runtime", "podman", "--cdi-spec", str(spec_path), *node.flags(),
-            "--hook-path", NRI_GPU, "--allow-untrusted-hook", "--no-unit"]
+    argv = [
+        NRI_GPU,
+        "install",
+        "--runtime",
+        "podman",
+        "--cdi-spec",
+        str(spec_path),
+        *node.flags(),
+        "--hook-path",
+        NRI_GPU,
+        "--allow-untrusted-hook",
+        "--no-unit",
+    ]
     try:
         done = subprocess.run(argv, capture_output=True, text=True)
         assert done.returncode == 0 and "CDI spec written" in done.stdout, done
@@ -168,8 +183,9 @@ def test_install_for_podman_writes_the_spec_podman_reads(
         again = subprocess.run(argv, capture_output=True, text=True)
         assert again.returncode == 0 and "nothing to change" in again.stdout, again
         assert_gpus(run_view(podman, "0"), [node.gpus[0]])
-        undone = subprocess.run([NRI_GPU, "uninstall", "--runtime", "podman", "--cdi-spec", str(spec_path)],
-                                capture_output=True, text=True)
+        undone = subprocess.run(
+            [NRI_GPU, "uninstall", "--runtime", "podman", "--cdi-spec", str(spec_path)], capture_output=True, text=True
+        )
         assert undone.returncode == 0 and not spec_path.exists(), undone
         refused = podman.run(GLIBC, "true", options=["--device", "nvidia.com/gpu=0"])
         assert refused.returncode != 0 and "nvidia.com/gpu=0" in refused.stderr, refused

@@ -1,5 +1,6 @@
 """Smoke tests of the test bed itself, on every containerd version: if these fail, the
 NRI end-to-end tests cannot say anything about the plugin."""
+
 from __future__ import annotations
 
 import stat
@@ -21,9 +22,11 @@ def _shims(bed: Testbed, pod: str | None = None) -> list[int]:
     """The daemon's shims, or only those serving one pod (so a shim another test left
     winding down on the same daemon cannot fail, or pass, a test about its own pod)."""
     address = str(bed.containerd.address)
-    return [pid for pid, argv in hostops.processes().items()
-            if "containerd-shim" in argv[0] and address in argv
-            and (pod is None or _flag(argv, "-id") == pod)]
+    return [
+        pid
+        for pid, argv in hostops.processes().items()
+        if "containerd-shim" in argv[0] and address in argv and (pod is None or _flag(argv, "-id") == pod)
+    ]
 
 
 def _flag(argv: list[str], name: str) -> str | None:
@@ -71,8 +74,7 @@ def test_pod_runs_container_and_cleans_up(testbed: Testbed, cri: CriClient) -> N
     assert hostops.mounts_under(testbed.workdir) == []
     # A shim exits on its own after its last task is deleted; on a loaded two-core CI
     # machine that took longer than 5 s once, so the wait is generous.
-    assert _wait_until(lambda: not _shims(testbed, pod), timeout=30.0), \
-        "shim still running after its pod was removed"
+    assert _wait_until(lambda: not _shims(testbed, pod), timeout=30.0), "shim still running after its pod was removed"
 
 
 def test_restart_keeps_containers_and_runs_new_pods(testbed: Testbed, cri: CriClient) -> None:

@@ -271,13 +271,22 @@ def test_parse_request(info: ContainerInfo, policy: Policy) -> None:
 
 
 @fuzz(300)
-@given(info=INFOS, policy=POLICIES, noise=st.lists(st.sampled_from(["PATH=/bin", "NVIDIA_VISIBLE_DEVICESX=0",
-                                                                    "nvidia_visible_devices=0", "CUDA_VERSIONS=1"]),
-                                                   max_size=2))
-@example(info=ContainerInfo(name="main", env={"CUDA_VERSION": "12.4"}), policy=Policy(legacy_image_all_gpus=True),
-         noise=[])
-@example(info=ContainerInfo(name="main", mounts=(("/dev/null", f"{VOLUME_MARKER_DIR}/0"),)),
-         policy=Policy(accept_volume_mounts=True), noise=[])
+@given(
+    info=INFOS,
+    policy=POLICIES,
+    noise=st.lists(
+        st.sampled_from(["PATH=/bin", "NVIDIA_VISIBLE_DEVICESX=0", "nvidia_visible_devices=0", "CUDA_VERSIONS=1"]),
+        max_size=2,
+    ),
+)
+@example(
+    info=ContainerInfo(name="main", env={"CUDA_VERSION": "12.4"}), policy=Policy(legacy_image_all_gpus=True), noise=[]
+)
+@example(
+    info=ContainerInfo(name="main", mounts=(("/dev/null", f"{VOLUME_MARKER_DIR}/0"),)),
+    policy=Policy(accept_volume_mounts=True),
+    noise=[],
+)
 def test_the_pre_filter_never_hides_a_request(info: ContainerInfo, policy: Policy, noise: list[str]) -> None:
     """Whenever the hot path's pre-filter says no, the parser finds nothing: no
     request, no note, no error. (A drift between the two would silently drop GPU

@@ -278,9 +278,16 @@ def test_mig_node_is_laid_out_as_the_driver_writes_it(tmp_path: Path) -> None:
     assert sim.gpus[0].minor == 2 and not list((caps / "gpu3/mig").iterdir())
     minors = _mig_minors(sim)
     expected = {  # the reference table for an A100 of minor 2
-        "gpu2/gi2/access": 291, "gpu2/gi2/ci0/access": 292, "gpu2/gi2/ci1/access": 293, "gpu2/gi2/ci2/access": 294,
-        "gpu2/gi3/access": 300, "gpu2/gi3/ci0/access": 301, "gpu2/gi9/access": 354, "gpu2/gi9/ci0/access": 355,
-        "gpu2/gi10/access": 363, "gpu2/gi10/ci0/access": 364,
+        "gpu2/gi2/access": 291,
+        "gpu2/gi2/ci0/access": 292,
+        "gpu2/gi2/ci1/access": 293,
+        "gpu2/gi2/ci2/access": 294,
+        "gpu2/gi3/access": 300,
+        "gpu2/gi3/ci0/access": 301,
+        "gpu2/gi9/access": 354,
+        "gpu2/gi9/ci0/access": 355,
+        "gpu2/gi10/access": 363,
+        "gpu2/gi10/ci0/access": 364,
     }
     for name, minor in expected.items():
         found = re.fullmatch(r"gpu(\d+)/gi(\d+)(?:/ci(\d+))?/access", name)

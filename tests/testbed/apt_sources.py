@@ -7,6 +7,7 @@ The main Debian entry is the one whose suites include the host's own codename (f
 Both the deb822 ``*.sources`` and the one-line ``sources.list`` formats are read;
 ``$NRI_GPU_DEBIAN_MIRROR`` overrides everything.
 """
+
 from __future__ import annotations
 
 import os
@@ -95,13 +96,15 @@ def _parse_deb822(text: str) -> list[SourceEntry]:
         if not fields.get("uris") or fields.get("enabled", "yes").lower() == "no":
             continue
         signed_by = fields.get("signed-by", "")
-        entries.append(SourceEntry(
-            types=tuple(fields.get("types", "").split()),
-            uri=fields["uris"].split()[0],
-            suites=tuple(fields.get("suites", "").split()),
-            components=tuple(fields.get("components", "").split()),
-            signed_by=signed_by if signed_by.startswith("/") else "",
-        ))
+        entries.append(
+            SourceEntry(
+                types=tuple(fields.get("types", "").split()),
+                uri=fields["uris"].split()[0],
+                suites=tuple(fields.get("suites", "").split()),
+                components=tuple(fields.get("components", "").split()),
+                signed_by=signed_by if signed_by.startswith("/") else "",
+            )
+        )
     return entries
 
 
@@ -121,8 +124,13 @@ def _parse_one_line(text: str) -> list[SourceEntry]:
         if len(parts) < 2:
             continue
         signed = re.search(r"signed-by=(\S+)", opts)
-        entries.append(SourceEntry(
-            types=(typ,), uri=parts[0], suites=(parts[1],), components=tuple(parts[2:]),
-            signed_by=signed.group(1) if signed else "",
-        ))
+        entries.append(
+            SourceEntry(
+                types=(typ,),
+                uri=parts[0],
+                suites=(parts[1],),
+                components=tuple(parts[2:]),
+                signed_by=signed.group(1) if signed else "",
+            )
+        )
     return entries

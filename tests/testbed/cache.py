@@ -7,6 +7,7 @@ directory that outlives a checkout: CI runs on a clean clone but keeps the cache
 Order of precedence: ``$NRI_GPU_CACHE``, then ``$XDG_CACHE_HOME/nri-gpu``, then
 ``~/.cache/nri-gpu``.
 """
+
 from __future__ import annotations
 
 import contextlib

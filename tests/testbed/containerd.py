@@ -15,6 +15,7 @@ Fixed host paths containerd still shares with other instances: ``/run/containerd
 ``restart()`` keeps containers running, as a real daemon restart does; ``kill()``
 SIGKILLs only the daemon (shims live on) for fault tests; ``stop()`` cleans everything.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -168,8 +169,12 @@ class Containerd:
             # a ^C to pytest must not reach the daemon before our clean-up does.
             self._proc = subprocess.Popen(
                 [str(self.runtime.containerd), "--config", str(self.config_path)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                env=env, cwd=self.workdir, start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.workdir,
+                start_new_session=True,
             )
         self._pid = self._proc.pid
         try:
@@ -183,8 +188,11 @@ class Containerd:
         last_error = "no answer"
         # Short reconnect backoff: a channel created before the socket exists would
         # otherwise wait grpc's default 1 s before trying again.
-        options = [("grpc.initial_reconnect_backoff_ms", 10), ("grpc.min_reconnect_backoff_ms", 10),
-                   ("grpc.max_reconnect_backoff_ms", 50)]
+        options = [
+            ("grpc.initial_reconnect_backoff_ms", 10),
+            ("grpc.min_reconnect_backoff_ms", 10),
+            ("grpc.max_reconnect_backoff_ms", 50),
+        ]
         channel = GrpcChannel(f"unix://{self.address}", options)
         try:
             # The CRI Version call needs no generated stubs: an empty request message
@@ -205,7 +213,8 @@ class Containerd:
         finally:
             channel.close()
         raise ContainerdError(
-            f"containerd {self.version} not ready after {timeout}s ({last_error}):\n{self.log_tail()}")
+            f"containerd {self.version} not ready after {timeout}s ({last_error}):\n{self.log_tail()}"
+        )
 
     def nri_enabled(self) -> bool:
         """Whether config.toml turns NRI on (containerd 1.7: off unless ``disable = false``)."""
@@ -237,8 +246,9 @@ class Containerd:
         self.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     # ------------------------------------------------------------------ helpers
@@ -270,10 +280,16 @@ class Containerd:
     def _write_marker(self) -> None:
         # Lets reap_stale() recognise this workdir after the test process died.
         owner = os.getpid()
-        (self.workdir / _MARKER).write_text(json.dumps({
-            "version": self.version, "owner_pid": owner,
-            "owner_start": hostops.pid_start_time(owner), "cgroup_parent": self.cgroup_parent,
-        }))
+        (self.workdir / _MARKER).write_text(
+            json.dumps(
+                {
+                    "version": self.version,
+                    "owner_pid": owner,
+                    "owner_start": hostops.pid_start_time(owner),
+                    "cgroup_parent": self.cgroup_parent,
+                }
+            )
+        )
 
     def _terminate(self, timeout: float) -> None:
         if self._pid is None or not self.is_running:
@@ -299,6 +315,7 @@ class Containerd:
         CRI's own state stays consistent), then ctr for anything outside CRI."""
         try:
             from .cri import CriClient  # needs the generated stubs; fine if absent
+
             with CriClient(self.address, log_root=self.workdir / "pod-logs", timeout=20) as cri:
                 cri.remove_all()
         except Exception:  # best effort: the ctr pass and the sweep below catch the rest
@@ -316,17 +333,24 @@ class Containerd:
     def _sweep(self) -> None:
         """After the daemon is gone: kill our shims and containers, unmount, rmdir cgroups."""
         address = str(self.address)
-        shims = [pid for pid, argv in hostops.processes().items()
-                 if "containerd-shim" in argv[0] and "-address" in argv
-                 and argv[argv.index("-address") + 1:argv.index("-address") + 2] == [address]]
+        shims = [
+            pid
+            for pid, argv in hostops.processes().items()
+            if "containerd-shim" in argv[0]
+            and "-address" in argv
+            and argv[argv.index("-address") + 1 : argv.index("-address") + 2] == [address]
+        ]
         hostops.kill_pids(shims)
         for pid in shims:
             hostops.wait_pid_gone(pid, 5.0)
         if self.runc_root.is_dir():
             for ns_dir in self.runc_root.iterdir():
                 for cid_dir in ns_dir.iterdir() if ns_dir.is_dir() else []:
-                    subprocess.run([str(self.runtime.runc), "--root", str(ns_dir), "delete", "--force", cid_dir.name],
-                                   capture_output=True, timeout=30)
+                    subprocess.run(
+                        [str(self.runtime.runc), "--root", str(ns_dir), "delete", "--force", cid_dir.name],
+                        capture_output=True,
+                        timeout=30,
+                    )
                     self._remove_shim_socket(ns_dir.name, cid_dir.name)
         hostops.remove_cgroup_tree(self.cgroup_parent)
         hostops.unmount_under(self.workdir)

@@ -11,6 +11,7 @@ The NRI table ``io.containerd.nri.v1.nri`` is the same in both versions. CRI mov
 streaming server under ``io.containerd.grpc.v1.cri``. Checked with
 ``containerd --config X config dump`` on both versions.
 """
+
 from __future__ import annotations
 
 import json
@@ -86,7 +87,9 @@ def _runc(c: Containerd, prefix: str) -> str:
 def _v2(c: Containerd) -> str:
     """containerd 1.7: CRI is one plugin, ``io.containerd.grpc.v1.cri``."""
     cri = "plugins.'io.containerd.grpc.v1.cri'"
-    return _common(c, 2) + f"""
+    return (
+        _common(c, 2)
+        + f"""
   [{cri}]
     sandbox_image = {_toml(PAUSE)}
     # Root here lacks CAP_SYS_RESOURCE: an oom_score_adj below containerd's own fails
@@ -108,6 +111,7 @@ def _v2(c: Containerd) -> str:
       bin_dir = {_toml(str(c.workdir / "cni" / "bin"))}
       conf_dir = {_toml(str(c.workdir / "cni" / "net.d"))}
 """
+    )
 
 
 def _v3(c: Containerd) -> str:
@@ -115,7 +119,9 @@ def _v3(c: Containerd) -> str:
     ``.images``; the streaming server stays under ``io.containerd.grpc.v1.cri``."""
     rt = "plugins.'io.containerd.cri.v1.runtime'"
     im = "plugins.'io.containerd.cri.v1.images'"
-    return _common(c, 3) + f"""
+    return (
+        _common(c, 3)
+        + f"""
   [{im}]
     snapshotter = "overlayfs"
     [{im}.pinned_images]
@@ -141,3 +147,4 @@ def _v3(c: Containerd) -> str:
   [plugins.'io.containerd.image-verifier.v1.bindir']
     bin_dir = {_toml(str(c.workdir / "image-verifier"))}   # default is under /opt
 """
+    )

@@ -11,6 +11,7 @@ and ``cudaRuntimeGetVersion``.
 The wheel is downloaded once with pip (``--no-deps``, binary only), checked against
 the SHA256 pinned here, and kept under ``<cache>/wheels/``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -52,9 +53,26 @@ def _wheel() -> Path:
     with locked(store / ".cudart.lock"):
         if not path.is_file():
             version = _WHEEL.split("-")[1]
-            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary", ":all:",
-                            "--platform", "manylinux2014_x86_64", "--python-version", "3.11",
-                            f"nvidia-cuda-runtime-cu12=={version}", "-d", str(store)], check=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "-q",
+                    "--no-deps",
+                    "--only-binary",
+                    ":all:",
+                    "--platform",
+                    "manylinux2014_x86_64",
+                    "--python-version",
+                    "3.11",
+                    f"nvidia-cuda-runtime-cu12=={version}",
+                    "-d",
+                    str(store),
+                ],
+                check=True,
+            )
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
     if digest != _SHA256:
         raise RuntimeError(f"{path}: sha256 {digest}, expected {_SHA256}")

@@ -36,6 +36,7 @@ whose stable updates carry the next release's keys) and used for the failing sui
 if that fails too, and ``NRI_GPU_APT_TRUSTED=1`` is set, is the suite marked
 ``trusted=yes``: a documented last resort that disables signature checks for it.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -71,7 +72,6 @@ _NETWORK_ERRORS = re.compile(
 _SIGNATURE_ERRORS = re.compile(r"NO_PUBKEY|is not signed|couldn't be verified|EXPKEYSIG|Signed-By")
 
 
-
 def private_apt_conf(root: Path, lists: Path, architectures: Sequence[str], extra: str = "") -> str:
     """An apt.conf that keeps apt's state, cache and sources under ``root`` (lists in
     ``lists``) and ignores the system's sources and preferences; ``extra`` lines are
@@ -102,6 +102,7 @@ Acquire::IndexTargets::deb::DEP-11-icons-small::DefaultEnabled "false";
 {extra}
 """
 
+
 class DebError(RuntimeError):
     """A package could not be fetched or unpacked; the message names package, suite
     and carries apt's stderr."""
@@ -129,8 +130,9 @@ def debian_mirror() -> tuple[str, Path]:
 class _Suite:
     """The private apt configuration of one suite (with its components and architectures)."""
 
-    def __init__(self, suite: str, components: Sequence[str] = DEFAULT_COMPONENTS,
-                 architectures: Sequence[str] = (ARCH,)) -> None:
+    def __init__(
+        self, suite: str, components: Sequence[str] = DEFAULT_COMPONENTS, architectures: Sequence[str] = (ARCH,)
+    ) -> None:
         self.suite = suite
         self.components = tuple(components)
         self.architectures = tuple(architectures)
@@ -197,8 +199,10 @@ class _Suite:
             break
         hint = ""
         if _SIGNATURE_ERRORS.search(out):
-            hint = (f" (no keyring verifies it: tried {', '.join(attempts)}; NRI_GPU_APT_TRUSTED=1 skips the"
-                    " signature check as a last resort)")
+            hint = (
+                f" (no keyring verifies it: tried {', '.join(attempts)}; NRI_GPU_APT_TRUSTED=1 skips the"
+                " signature check as a last resort)"
+            )
         raise DebError(f"apt-get update for suite {self.suite!r} failed{hint}:\n{_tail(out)}")
 
     def ensure_lists(self, force: bool = False) -> None:
@@ -305,7 +309,7 @@ def _cached_versions(package: str, pattern: str) -> list[str]:
     root = cache_dir() / "extract"
     prefix = f"{_safe(package)}_"
     found = [
-        p.name[len(prefix):].replace("%3a", ":")
+        p.name[len(prefix) :].replace("%3a", ":")
         for p in root.glob(f"{prefix}*")
         if p.is_dir() and not p.name.startswith(".")
     ]
@@ -321,8 +325,9 @@ def _dpkg_compare(a: str, b: str) -> int:
     return -1 if lower else 1
 
 
-def available_versions(package: str, suite: str, *, components: Sequence[str] = DEFAULT_COMPONENTS,
-                       architectures: Sequence[str] = ()) -> list[str]:
+def available_versions(
+    package: str, suite: str, *, components: Sequence[str] = DEFAULT_COMPONENTS, architectures: Sequence[str] = ()
+) -> list[str]:
     """Versions of ``package`` that ``suite`` offers now, highest first (may update lists)."""
     apt_suite = _Suite(suite, components, _architectures(package, architectures))
     with locked(apt_suite.lock):
@@ -330,8 +335,14 @@ def available_versions(package: str, suite: str, *, components: Sequence[str] = 
         return apt_suite.versions(package)
 
 
-def extract(package: str, suite: str, version: str | None = None, *,
-            components: Sequence[str] = DEFAULT_COMPONENTS, architectures: Sequence[str] = ()) -> Path:
+def extract(
+    package: str,
+    suite: str,
+    version: str | None = None,
+    *,
+    components: Sequence[str] = DEFAULT_COMPONENTS,
+    architectures: Sequence[str] = (),
+) -> Path:
     """Unpack ``package`` from Debian ``suite`` and return the directory it was unpacked in.
 
     ``package`` may name an architecture, ``libcuda1:i386``: that architecture is then

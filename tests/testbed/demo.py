@@ -129,7 +129,7 @@ def cdi_demo(rt: CdiRuntime, name: str, node: SimNode, gpus: list[str]) -> None:
 
         return run
 
-    print(f'\n{name} run {" ".join(devices)} --name cuda-app:')
+    print(f"\n{name} run {' '.join(devices)} --name cuda-app:")
     show_with(start("cuda-app", devices))
     print(f"\n{name} run --name web (no --device): it asked for nothing and got nothing")
     show_with(start("web", []))
@@ -143,11 +143,18 @@ def cdi_demo(rt: CdiRuntime, name: str, node: SimNode, gpus: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hack/demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--runtime", choices=("containerd", "podman", "docker"), default="containerd",
-                        help="containerd with NRI (default), or podman 4.3.1 / Docker through the CDI path")
+    parser.add_argument(
+        "--runtime",
+        choices=("containerd", "podman", "docker"),
+        default="containerd",
+        help="containerd with NRI (default), or podman 4.3.1 / Docker through the CDI path",
+    )
     parser.add_argument("--containerd", choices=runtimes.VERSIONS, default="2.1.9")
-    parser.add_argument("--gpus", default="0,1",
-                        help="the pod's nvidia.com/gpus annotation, or the --device nvidia.com/gpu= list (default 0,1)")
+    parser.add_argument(
+        "--gpus",
+        default="0,1",
+        help="the pod's nvidia.com/gpus annotation, or the --device nvidia.com/gpu= list (default 0,1)",
+    )
     parser.add_argument("--node-gpus", type=int, default=4, help="GPUs of the simulated node (default 4)")
     parser.add_argument("--keep", action="store_true", help="leave the work directory for inspection")
     args = parser.parse_args(argv)
@@ -209,13 +216,22 @@ def cdi_main(args: argparse.Namespace, workdir: Path) -> int:
         with cdi_spec(rt, node) as path:
             spec = json.loads(path.read_text())
             names = [d["name"] for d in spec["devices"] if not d["name"].startswith("GPU-")]
-            print(f"     {path}: cdiVersion {spec['cdiVersion']}, devices {spec['kind']}="
-                  + ",".join(names) + " and each GPU's UUID")
+            print(
+                f"     {path}: cdiVersion {spec['cdiVersion']}, devices {spec['kind']}="
+                + ",".join(names)
+                + " and each GPU's UUID"
+            )
             cdi_demo(rt, name, node, args.gpus.split(","))
             with step(f"removing the containers and {path}"):
                 # sleep as PID 1 ignores SIGTERM: podman would wait 10 s before killing it
-                rt("rm", "--force", *(["--time", "0"] if isinstance(rt, Podman) else []), "cuda-app", "web",
-                   check=False)
+                rt(
+                    "rm",
+                    "--force",
+                    *(["--time", "0"] if isinstance(rt, Podman) else []),
+                    "cuda-app",
+                    "web",
+                    check=False,
+                )
     finally:
         with step(f"stopping {args.runtime}, cleaning up"):
             if isinstance(rt, Docker):

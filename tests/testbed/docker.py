@@ -28,6 +28,7 @@ its containerd is the containerd module's). The CLI gets its own ``DOCKER_CONFIG
 cannot ``docker load`` an OCI layout archive, so ``load`` ``docker import``s the image's
 one layer with its ``Env``, ``Cmd``, ``WorkingDir`` and ``User``.
 """
+
 from __future__ import annotations
 
 import json
@@ -168,8 +169,9 @@ class Docker:
             (self.workdir / sub).mkdir(parents=True, exist_ok=True)
         self.config.write_text(json.dumps(self.daemon_config(), indent=2))
         owner = os.getpid()
-        (self.workdir / _MARKER).write_text(json.dumps({"owner_pid": owner,
-                                                        "owner_start": hostops.pid_start_time(owner)}))
+        (self.workdir / _MARKER).write_text(
+            json.dumps({"owner_pid": owner, "owner_start": hostops.pid_start_time(owner)})
+        )
         reap_stale()
         self._made_run_docker = not _PLUGIN_SOCKETS.parent.exists()
         self.containerd.start()
@@ -184,9 +186,15 @@ class Docker:
 
     def _start_dockerd(self, timeout: float) -> None:
         with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen([str(self.bin.dockerd), "--config-file", str(self.config)],
-                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                          env=self.env(), cwd=self.workdir, start_new_session=True)
+            self._proc = subprocess.Popen(
+                [str(self.bin.dockerd), "--config-file", str(self.config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env(),
+                cwd=self.workdir,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -202,13 +210,21 @@ class Docker:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
 
-    def __call__(self, *args: str, check: bool = True, timeout: float = 60,
-                 stdin: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    def __call__(
+        self, *args: str, check: bool = True, timeout: float = 60, stdin: bytes | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """Run ``docker ARGS``; raise DockerError with its output if it fails and ``check``."""
-        done = subprocess.run([str(self.bin.docker), *args], env=self.env(), capture_output=True,
-                              timeout=timeout, input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL)
-        result = subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(errors="replace"),
-                                             done.stderr.decode(errors="replace"))
+        done = subprocess.run(
+            [str(self.bin.docker), *args],
+            env=self.env(),
+            capture_output=True,
+            timeout=timeout,
+            input=stdin,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
+        )
+        result = subprocess.CompletedProcess(
+            done.args, done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+        )
         if check and result.returncode != 0:
             raise DockerError(f"docker {' '.join(args)} exited {result.returncode}:\n{result.stdout}{result.stderr}")
         return result
@@ -217,10 +233,12 @@ class Docker:
         """Store ``image`` (a one-layer OCI layout tar) under its name: ``docker import``
         of its layer, with the config's ``Env``, ``Cmd``, ``WorkingDir`` and ``User``."""
         with tarfile.open(image.tar) as outer:
+
             def blob(digest: str) -> bytes:
                 member = outer.extractfile(f"blobs/sha256/{digest.removeprefix('sha256:')}")
                 assert member is not None
                 return member.read()
+
             index = json.loads(outer.extractfile("index.json").read())  # type: ignore[union-attr]
             manifest = json.loads(blob(index["manifests"][0]["digest"]))
             config = json.loads(blob(manifest["config"]["digest"])).get("config", {})
@@ -235,8 +253,9 @@ class Docker:
             changes.append(f"USER {config['User']}")
         self("import", *(f"--change={c}" for c in changes), "-", image.name, stdin=data)
 
-    def run(self, image: str, *command: str, options: Sequence[str] = (), check: bool = False,
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, image: str, *command: str, options: Sequence[str] = (), check: bool = False, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         """``docker run --rm --network none`` of ``image`` with ``options``."""
         return self("run", "--rm", "--network", "none", *options, image, *command, check=check, timeout=timeout)
 

@@ -91,6 +91,7 @@ and no disk. Consequence: never write INTO a driver file of a node (that would c
 cache); unlink it and create a new one instead. The small mutable files (``etc/ld.so.*``)
 are real copies.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -255,14 +256,32 @@ CUFILE_JSON = '{\n  "logging": {"dir": "/var/log", "level": "ERROR"}\n}\n'
 
 # DGX A100 bus ids for up to 8 GPUs; a 16-GPU layout beyond that. Both ascending.
 _BUS_IDS_8 = (
-    "0000:07:00.0", "0000:0f:00.0", "0000:47:00.0", "0000:4e:00.0",
-    "0000:87:00.0", "0000:90:00.0", "0000:b7:00.0", "0000:bd:00.0",
+    "0000:07:00.0",
+    "0000:0f:00.0",
+    "0000:47:00.0",
+    "0000:4e:00.0",
+    "0000:87:00.0",
+    "0000:90:00.0",
+    "0000:b7:00.0",
+    "0000:bd:00.0",
 )
 _BUS_IDS_16 = (
-    "0000:07:00.0", "0000:0f:00.0", "0000:1a:00.0", "0000:1c:00.0",
-    "0000:47:00.0", "0000:4e:00.0", "0000:5a:00.0", "0000:5c:00.0",
-    "0000:87:00.0", "0000:90:00.0", "0000:9a:00.0", "0000:9c:00.0",
-    "0000:b7:00.0", "0000:bd:00.0", "0000:c8:00.0", "0000:ca:00.0",
+    "0000:07:00.0",
+    "0000:0f:00.0",
+    "0000:1a:00.0",
+    "0000:1c:00.0",
+    "0000:47:00.0",
+    "0000:4e:00.0",
+    "0000:5a:00.0",
+    "0000:5c:00.0",
+    "0000:87:00.0",
+    "0000:90:00.0",
+    "0000:9a:00.0",
+    "0000:9c:00.0",
+    "0000:b7:00.0",
+    "0000:bd:00.0",
+    "0000:c8:00.0",
+    "0000:ca:00.0",
 )
 MAX_GPUS = len(_BUS_IDS_16)
 
@@ -318,9 +337,12 @@ class SimNode:
     def flags(self) -> list[str]:
         """The command-line flags that point an nri-gpu command at this node."""
         return [
-            "--driver-root", str(self.driver_root),
-            "--dev-root", str(self.dev_root),
-            "--proc-root", str(self.proc_root),
+            "--driver-root",
+            str(self.driver_root),
+            "--dev-root",
+            str(self.dev_root),
+            "--proc-root",
+            str(self.proc_root),
         ]
 
 
@@ -373,19 +395,23 @@ def elf_soname(path: Path) -> str | None:
         fh.seek(0)
         header = fh.read(64 if is64 else 52)
         if is64:
-            shoff, = struct.unpack_from("<Q", header, 0x28)
+            (shoff,) = struct.unpack_from("<Q", header, 0x28)
             shentsize, shnum = struct.unpack_from("<HH", header, 0x3A)
         else:
-            shoff, = struct.unpack_from("<I", header, 0x20)
+            (shoff,) = struct.unpack_from("<I", header, 0x20)
             shentsize, shnum = struct.unpack_from("<HH", header, 0x2E)
         fh.seek(shoff)
         table = fh.read(shentsize * shnum)
         sections = []
         for i in range(shnum):
             if is64:
-                _, sh_type, _, _, off, size, link, _, _, entsize = struct.unpack_from("<IIQQQQIIQQ", table, i * shentsize)
+                _, sh_type, _, _, off, size, link, _, _, entsize = struct.unpack_from(
+                    "<IIQQQQIIQQ", table, i * shentsize
+                )
             else:
-                _, sh_type, _, _, off, size, link, _, _, entsize = struct.unpack_from("<IIIIIIIIII", table, i * shentsize)
+                _, sh_type, _, _, off, size, link, _, _, entsize = struct.unpack_from(
+                    "<IIIIIIIIII", table, i * shentsize
+                )
             sections.append((sh_type, off, size, link, entsize))
         for sh_type, off, size, link, _ in sections:
             if sh_type != 6:  # SHT_DYNAMIC
@@ -471,15 +497,21 @@ def ldconfig_version() -> str:
 
 
 # Where the installer puts what Debian puts elsewhere. Keys are paths in the .deb.
-_SKIP_PREFIXES = ("usr/share/doc/", "usr/share/man/", "usr/share/lintian/", "usr/share/bug/",
-                  "etc/init.d/", "usr/lib/systemd/", "lib/systemd/")
+_SKIP_PREFIXES = (
+    "usr/share/doc/",
+    "usr/share/man/",
+    "usr/share/lintian/",
+    "usr/share/bug/",
+    "etc/init.d/",
+    "usr/lib/systemd/",
+    "lib/systemd/",
+)
 
 
 # xserver-xorg-video-nvidia's files, where the installer puts them.
 _XORG = {
     "usr/lib/nvidia/current/nvidia_drv.so": "usr/lib/xorg/modules/drivers/nvidia_drv.so",
-    f"usr/lib/nvidia/current/libglxserver_nvidia.so.{DRIVER_VERSION}":
-        f"usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{DRIVER_VERSION}",
+    f"usr/lib/nvidia/current/libglxserver_nvidia.so.{DRIVER_VERSION}": f"usr/lib/xorg/modules/extensions/libglxserver_nvidia.so.{DRIVER_VERSION}",
     "etc/nvidia/current/nvidia-drm-outputclass.conf": "usr/share/X11/xorg.conf.d/nvidia-drm-outputclass.conf",
 }
 
@@ -491,7 +523,7 @@ def _relocate(rel: str) -> str | None:
     for libdir in (LIB64, LIB32):
         current = f"{libdir}/nvidia/current/"
         if rel.startswith(current):
-            rest = rel[len(current):]
+            rest = rel[len(current) :]
             if rest == "nvoptix.bin":
                 return "usr/share/nvidia/nvoptix.bin"
             if rest.startswith("nvidia/wine/"):
@@ -508,9 +540,9 @@ def _relocate(rel: str) -> str | None:
     if rel.startswith("usr/lib/nvidia/"):
         return None
     if rel.startswith("usr/sbin/"):
-        return "usr/bin/" + rel[len("usr/sbin/"):]  # nvidia-cuda-mps-server: /usr/bin in the installer
+        return "usr/bin/" + rel[len("usr/sbin/") :]  # nvidia-cuda-mps-server: /usr/bin in the installer
     if rel.startswith("usr/lib/firmware/"):
-        return rel[len("usr/"):]  # /lib/firmware/nvidia/<ver>/gsp_*.bin
+        return rel[len("usr/") :]  # /lib/firmware/nvidia/<ver>/gsp_*.bin
     if rel.startswith("usr/share/doc"):
         return None
     return rel
@@ -540,9 +572,12 @@ def _warn_copy_once(exc: OSError) -> None:
     global _WARNED_COPY
     if not _WARNED_COPY:
         _WARNED_COPY = True
-        log.warning("cannot hard-link from the cache (%s): copying driver files instead, "
-                    "which is slow and uses ~1 GB per node; put $NRI_GPU_CACHE on the same "
-                    "filesystem as the nodes", exc.strerror)
+        log.warning(
+            "cannot hard-link from the cache (%s): copying driver files instead, "
+            "which is slow and uses ~1 GB per node; put $NRI_GPU_CACHE on the same "
+            "filesystem as the nodes",
+            exc.strerror,
+        )
 
 
 def _symlink(target: str, link: Path) -> None:
@@ -682,25 +717,52 @@ _VERSION_FILE = (
 # nv_parms[] of 550.163.01's nv-reg.h, in table order, with the driver's defaults;
 # the string parameters follow, as nv_procfs_read_params prints them.
 _PARAMS = (
-    ("ResmanDebugLevel", 4294967295), ("RmLogonRC", 1), ("ModifyDeviceFiles", 1),
-    ("DeviceFileUID", 0), ("DeviceFileGID", 0), ("DeviceFileMode", 438),
-    ("InitializeSystemMemoryAllocations", 1), ("UsePageAttributeTable", 4294967295),
-    ("EnableMSI", 1), ("EnablePCIeGen3", 0), ("MemoryPoolSize", 0), ("KMallocHeapMaxSize", 0),
-    ("VMallocHeapMaxSize", 0), ("IgnoreMMIOCheck", 0), ("TCEBypassMode", 0),
-    ("EnableStreamMemOPs", 0), ("EnableUserNUMAManagement", 1), ("NvLinkDisable", 0),
-    ("RmProfilingAdminOnly", 1), ("PreserveVideoMemoryAllocations", 0),
-    ("EnableS0ixPowerManagement", 0), ("S0ixPowerManagementVideoMemoryThreshold", 256),
-    ("DynamicPowerManagement", 3), ("DynamicPowerManagementVideoMemoryThreshold", 200),
-    ("RegisterPCIDriver", 1), ("EnablePCIERelaxedOrderingMode", 0), ("EnableResizableBar", 0),
-    ("EnableGpuFirmware", 18), ("EnableGpuFirmwareLogs", 2), ("EnableDbgBreakpoint", 0),
-    ("OpenRmEnableUnsupportedGpus", 1), ("DmaRemapPeerMmio", 1), ("ImexChannelCount", 2048),
+    ("ResmanDebugLevel", 4294967295),
+    ("RmLogonRC", 1),
+    ("ModifyDeviceFiles", 1),
+    ("DeviceFileUID", 0),
+    ("DeviceFileGID", 0),
+    ("DeviceFileMode", 438),
+    ("InitializeSystemMemoryAllocations", 1),
+    ("UsePageAttributeTable", 4294967295),
+    ("EnableMSI", 1),
+    ("EnablePCIeGen3", 0),
+    ("MemoryPoolSize", 0),
+    ("KMallocHeapMaxSize", 0),
+    ("VMallocHeapMaxSize", 0),
+    ("IgnoreMMIOCheck", 0),
+    ("TCEBypassMode", 0),
+    ("EnableStreamMemOPs", 0),
+    ("EnableUserNUMAManagement", 1),
+    ("NvLinkDisable", 0),
+    ("RmProfilingAdminOnly", 1),
+    ("PreserveVideoMemoryAllocations", 0),
+    ("EnableS0ixPowerManagement", 0),
+    ("S0ixPowerManagementVideoMemoryThreshold", 256),
+    ("DynamicPowerManagement", 3),
+    ("DynamicPowerManagementVideoMemoryThreshold", 200),
+    ("RegisterPCIDriver", 1),
+    ("EnablePCIERelaxedOrderingMode", 0),
+    ("EnableResizableBar", 0),
+    ("EnableGpuFirmware", 18),
+    ("EnableGpuFirmwareLogs", 2),
+    ("EnableDbgBreakpoint", 0),
+    ("OpenRmEnableUnsupportedGpus", 1),
+    ("DmaRemapPeerMmio", 1),
+    ("ImexChannelCount", 2048),
 )
 
 
 def _params_file(excluded_uuids: Sequence[str]) -> str:
     lines = [f"{k}: {v}\n" for k, v in _PARAMS]
-    strings = (("RegistryDwords", ""), ("RegistryDwordsPerDevice", ""), ("RmMsg", ""),
-               ("GpuBlacklist", ""), ("TemporaryFilePath", ""), ("ExcludedGpus", ",".join(excluded_uuids)))
+    strings = (
+        ("RegistryDwords", ""),
+        ("RegistryDwordsPerDevice", ""),
+        ("RmMsg", ""),
+        ("GpuBlacklist", ""),
+        ("TemporaryFilePath", ""),
+        ("ExcludedGpus", ",".join(excluded_uuids)),
+    )
     lines += [f'{k}: "{v}"\n' for k, v in strings]
     return "".join(lines)
 
@@ -739,24 +801,79 @@ _POWER_FILE = (
 # ones are the module constants above. Block device 254 (mdp) shares a number with a
 # character device on purpose: only the "Character devices:" section counts.
 _CHAR_DEVICES = (
-    (1, "mem"), (4, "/dev/vc/0"), (4, "tty"), (4, "ttyS"), (5, "/dev/tty"), (5, "/dev/console"),
-    (5, "/dev/ptmx"), (7, "vcs"), (10, "misc"), (13, "input"), (21, "sg"), (29, "fb"), (89, "i2c"),
-    (99, "ppdev"), (108, "ppp"), (128, "ptm"), (136, "pts"), (180, "usb"), (189, "usb_device"),
-    (202, "cpu/msr"), (203, "cpu/cpuid"), (226, "drm"), (234, "ipmidev"),
-    (239, "aux"), (240, "cec"), (241, "lirc"), (242, "ptp"), (243, "pps"), (244, "rtc"),
-    (245, "dma_heap"), (246, "dimmctl"), (247, "ndctl"), (248, "nvme-generic"), (249, "nvme"),
-    (250, "hidraw"), (251, "wwan_port"), (252, "bsg"), (253, "tpm"), (254, "gpiochip"),
+    (1, "mem"),
+    (4, "/dev/vc/0"),
+    (4, "tty"),
+    (4, "ttyS"),
+    (5, "/dev/tty"),
+    (5, "/dev/console"),
+    (5, "/dev/ptmx"),
+    (7, "vcs"),
+    (10, "misc"),
+    (13, "input"),
+    (21, "sg"),
+    (29, "fb"),
+    (89, "i2c"),
+    (99, "ppdev"),
+    (108, "ppp"),
+    (128, "ptm"),
+    (136, "pts"),
+    (180, "usb"),
+    (189, "usb_device"),
+    (202, "cpu/msr"),
+    (203, "cpu/cpuid"),
+    (226, "drm"),
+    (234, "ipmidev"),
+    (239, "aux"),
+    (240, "cec"),
+    (241, "lirc"),
+    (242, "ptp"),
+    (243, "pps"),
+    (244, "rtc"),
+    (245, "dma_heap"),
+    (246, "dimmctl"),
+    (247, "ndctl"),
+    (248, "nvme-generic"),
+    (249, "nvme"),
+    (250, "hidraw"),
+    (251, "wwan_port"),
+    (252, "bsg"),
+    (253, "tpm"),
+    (254, "gpiochip"),
     (510, "tpmrm"),
 )
 _NVIDIA_CHAR_DEVICES = (
-    (NVIDIA_MAJOR, "nvidia"), (NVIDIA_MAJOR, "nvidia-modeset"), (NVIDIA_MAJOR, "nvidiactl"),
-    (IMEX_MAJOR, "nvidia-caps-imex-channels"), (CAPS_MAJOR, "nvidia-caps"),
-    (NVSWITCH_MAJOR, "nvidia-nvswitch"), (238, "nvidia-nvlink"), (UVM_MAJOR, "nvidia-uvm"),
+    (NVIDIA_MAJOR, "nvidia"),
+    (NVIDIA_MAJOR, "nvidia-modeset"),
+    (NVIDIA_MAJOR, "nvidiactl"),
+    (IMEX_MAJOR, "nvidia-caps-imex-channels"),
+    (CAPS_MAJOR, "nvidia-caps"),
+    (NVSWITCH_MAJOR, "nvidia-nvswitch"),
+    (238, "nvidia-nvlink"),
+    (UVM_MAJOR, "nvidia-uvm"),
 )
 _BLOCK_DEVICES = (
-    (7, "loop"), (8, "sd"), (9, "md"), (11, "sr"), (65, "sd"), (66, "sd"), (67, "sd"), (68, "sd"),
-    (69, "sd"), (70, "sd"), (71, "sd"), (128, "sd"), (129, "sd"), (130, "sd"), (131, "sd"),
-    (132, "sd"), (133, "sd"), (134, "sd"), (135, "sd"), (253, "device-mapper"), (254, "mdp"),
+    (7, "loop"),
+    (8, "sd"),
+    (9, "md"),
+    (11, "sr"),
+    (65, "sd"),
+    (66, "sd"),
+    (67, "sd"),
+    (68, "sd"),
+    (69, "sd"),
+    (70, "sd"),
+    (71, "sd"),
+    (128, "sd"),
+    (129, "sd"),
+    (130, "sd"),
+    (131, "sd"),
+    (132, "sd"),
+    (133, "sd"),
+    (134, "sd"),
+    (135, "sd"),
+    (253, "device-mapper"),
+    (254, "mdp"),
     (259, "blkext"),
 )
 
@@ -925,7 +1042,9 @@ def _normal_mig(gpus: Sequence[SimGpu], spec: MigSpec) -> dict[int, tuple[tuple[
             raise ValueError(f"MIG GPU index {index} out of range 0..{len(gpus) - 1}")
         gis = sorted((gi, tuple(sorted(cis))) for gi, cis in instances)
         if gis and gpus[index].minor > 31:
-            raise ValueError(f"GPU {index} has minor {gpus[index].minor}: the driver makes MIG caps for minors 0..31 only")
+            raise ValueError(
+                f"GPU {index} has minor {gpus[index].minor}: the driver makes MIG caps for minors 0..31 only"
+            )
         if len({gi for gi, _ in gis}) != len(gis) or any(len(set(cis)) != len(cis) for _, cis in gis):
             raise ValueError(f"GPU {index}: an instance is listed twice in {instances!r}")
         bad = [(gi, cis) for gi, cis in gis if not 0 <= gi <= 14 or any(not 0 <= c <= 7 for c in cis)]
@@ -1115,10 +1234,18 @@ def build_node(
     _write_procfs(proc, sim_gpus, driver, fabric and driver)
     real = _write_dev(root / "dev", sim_gpus, driver, real_device_nodes)
     node = SimNode(
-        root=root, driver_root=driver_root, dev_root=root, proc_root=proc,
-        driver_version=DRIVER_VERSION if driver else None, gpus=sim_gpus, real_device_nodes=real,
-        mig=mig_layout, nvml=nvml if mig_layout is not None else None,
-        without_cap_nodes=tuple(without_cap_nodes), fabric=fabric and driver, drm=drm and driver,
+        root=root,
+        driver_root=driver_root,
+        dev_root=root,
+        proc_root=proc,
+        driver_version=DRIVER_VERSION if driver else None,
+        gpus=sim_gpus,
+        real_device_nodes=real,
+        mig=mig_layout,
+        nvml=nvml if mig_layout is not None else None,
+        without_cap_nodes=tuple(without_cap_nodes),
+        fabric=fabric and driver,
+        drm=drm and driver,
     )
     if node.fabric:
         _write_fabric(node)
@@ -1129,7 +1256,9 @@ def build_node(
         if nvml == "sim":
             _install_nvml(node)
             _write_nvml(node)
-    (root / MARKER).write_text(json.dumps({"flags": node.flags(), "gpus": [g.__dict__ for g in sim_gpus]}, indent=1) + "\n")
+    (root / MARKER).write_text(
+        json.dumps({"flags": node.flags(), "gpus": [g.__dict__ for g in sim_gpus]}, indent=1) + "\n"
+    )
     return node
 
 
@@ -1168,23 +1297,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("root", type=Path, help="directory to build the node in")
     parser.add_argument("--gpus", type=int, default=4, help=f"number of GPUs, 0..{MAX_GPUS} (default 4)")
-    parser.add_argument("--driver-root-subdir", default="", metavar="DIR",
-                        help="put the driver files under ROOT/DIR, e.g. run/nvidia/driver (GPU operator layout)")
+    parser.add_argument(
+        "--driver-root-subdir",
+        default="",
+        metavar="DIR",
+        help="put the driver files under ROOT/DIR, e.g. run/nvidia/driver (GPU operator layout)",
+    )
     parser.add_argument("--no-driver", action="store_true", help="a node without any NVIDIA driver")
     parser.add_argument("--in-bus-order", action="store_true", help="device minors equal to the indexes")
-    parser.add_argument("--exclude", type=int, action="append", default=[], metavar="INDEX",
-                        help="mark GPU INDEX 'GPU Excluded: Yes' (repeatable)")
-    parser.add_argument("--mig", action="append", default=[], metavar="INDEX[:GI[.CI...][,GI...]]",
-                        help="put GPU INDEX in MIG mode with these GPU instances and their compute instances, "
-                             "e.g. '--mig 1 --mig 2:2.0.1.2,3.0' (repeatable; any --mig gives every GPU "
-                             "its capabilities/gpu<minor>/mig folder)")
-    parser.add_argument("--nvml", choices=("sim", "real"), default="sim",
-                        help="with --mig: 'sim' (default) replaces the 64-bit libnvidia-ml by a simulated one "
-                             "that lists the MIG devices; 'real' keeps NVIDIA's (Driver Not Loaded)")
-    parser.add_argument("--fabric", action="store_true",
-                        help="add fabric and I/O devices: nvidia-fs, infiniband, gdrdrv, nvswitch (and GDS's files)")
-    parser.add_argument("--force", action="store_true",
-                        help="replace a node this tool built before (a ROOT holding anything else is never deleted)")
+    parser.add_argument(
+        "--exclude",
+        type=int,
+        action="append",
+        default=[],
+        metavar="INDEX",
+        help="mark GPU INDEX 'GPU Excluded: Yes' (repeatable)",
+    )
+    parser.add_argument(
+        "--mig",
+        action="append",
+        default=[],
+        metavar="INDEX[:GI[.CI...][,GI...]]",
+        help="put GPU INDEX in MIG mode with these GPU instances and their compute instances, "
+        "e.g. '--mig 1 --mig 2:2.0.1.2,3.0' (repeatable; any --mig gives every GPU "
+        "its capabilities/gpu<minor>/mig folder)",
+    )
+    parser.add_argument(
+        "--nvml",
+        choices=("sim", "real"),
+        default="sim",
+        help="with --mig: 'sim' (default) replaces the 64-bit libnvidia-ml by a simulated one "
+        "that lists the MIG devices; 'real' keeps NVIDIA's (Driver Not Loaded)",
+    )
+    parser.add_argument(
+        "--fabric",
+        action="store_true",
+        help="add fabric and I/O devices: nvidia-fs, infiniband, gdrdrv, nvswitch (and GDS's files)",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a node this tool built before (a ROOT holding anything else is never deleted)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
@@ -1197,16 +1351,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {root} is not empty; pass --force to replace the node built there", file=sys.stderr)
             return 2
         if root.resolve() == Path("/") or not (root / MARKER).is_file():
-            print(f"error: {root} is not empty and holds no node built by this tool ({MARKER} missing): "
-                  "refusing to delete it, even with --force", file=sys.stderr)
+            print(
+                f"error: {root} is not empty and holds no node built by this tool ({MARKER} missing): "
+                "refusing to delete it, even with --force",
+                file=sys.stderr,
+            )
             return 2
         shutil.rmtree(root)
     start = time.monotonic()
     try:
         mig = _parse_mig_args(args.mig) if args.mig else None
-        node = build_node(root, gpus=args.gpus, driver=not args.no_driver, driver_subdir=args.driver_root_subdir,
-                          in_bus_order=args.in_bus_order, excluded=args.exclude, mig=mig, nvml=args.nvml,
-                          fabric=args.fabric)
+        node = build_node(
+            root,
+            gpus=args.gpus,
+            driver=not args.no_driver,
+            driver_subdir=args.driver_root_subdir,
+            in_bus_order=args.in_bus_order,
+            excluded=args.exclude,
+            mig=mig,
+            nvml=args.nvml,
+            fabric=args.fabric,
+        )
     except (ValueError, debs.DebError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -64,6 +64,7 @@ The bait root is baked into the links, so the default is a FIXED path that tests
 re-create fresh for every run: the images then stay cached like the others (under
 ``<cache>/images/hostile_<case>-<key>.tar``, key = inputs plus this file).
 """
+
 from __future__ import annotations
 
 import shutil
@@ -74,7 +75,17 @@ from pathlib import Path
 
 from .images import _PATH, Image, _cached_build, _Layer, _write_layout, glibc_key, glibc_layer
 
-__all__ = ["BAIT_ROOT", "CASES", "POD_CASES", "PRELOAD_COMMAND", "SONAME_TARGET", "VOLUME", "hostile_image", "image_name", "needs_gcc"]
+__all__ = [
+    "BAIT_ROOT",
+    "CASES",
+    "POD_CASES",
+    "PRELOAD_COMMAND",
+    "SONAME_TARGET",
+    "VOLUME",
+    "hostile_image",
+    "image_name",
+    "needs_gcc",
+]
 
 BAIT_ROOT = "/tmp/nri-gpu-bait"
 LIBDIR = "usr/lib/x86_64-linux-gnu"
@@ -126,8 +137,20 @@ __attribute__((constructor)) static void mark(void) {
 }
 """
 
-CASES = ("ldcache", "confdir", "relconfdir", "libdir", "compat", "preload", "magicconf", "magiclib",
-         "magiccache", "etc", "soname", "confvolume")
+CASES = (
+    "ldcache",
+    "confdir",
+    "relconfdir",
+    "libdir",
+    "compat",
+    "preload",
+    "magicconf",
+    "magiclib",
+    "magiccache",
+    "etc",
+    "soname",
+    "confvolume",
+)
 POD_CASES = ("devnodes", "fifos", "cachevolume")
 # Where the start work writes, and the pod cases plant special files.
 SPECIAL_PATHS = ("etc/ld.so.conf.d/00-nri-gpu.conf", "etc/ld.so.cache")
@@ -158,7 +181,7 @@ def _move(layer: _Layer, src: str, dst: str) -> None:
     _drop(layer, src)
     layer.dir(dst.rpartition("/")[0])
     for key, (info, data) in sorted(moved.items()):
-        new = dst + key[len(src):]
+        new = dst + key[len(src) :]
         info.name = new
         layer.entries[new] = (info, data)
 
@@ -182,8 +205,21 @@ def _gcc(source: str, *flags: str) -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
         src, out = Path(tmp) / "lib.c", Path(tmp) / "lib.so"
         src.write_text(source)
-        cmd = [gcc, "-shared", "-fPIC", "-O2", "-s", "-nostdlib", "-ffreestanding", "-fno-stack-protector",
-               "-Wl,--build-id=none", *flags, "-o", str(out), str(src)]
+        cmd = [
+            gcc,
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-s",
+            "-nostdlib",
+            "-ffreestanding",
+            "-fno-stack-protector",
+            "-Wl,--build-id=none",
+            *flags,
+            "-o",
+            str(out),
+            str(src),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"gcc failed:\n{proc.stderr}")
@@ -219,8 +255,11 @@ def _trap(case: str, layer: _Layer, bait: str, env: list[str], user: list[str]) 
         layer.file("lib/libmark.so", mark, 0o755)
         layer.file("evil/libcuda.so.1", mark, 0o755)
         layer.file("evil/libnvidia-ml.so.1", mark, 0o755)
-        env += ["LD_PRELOAD=/lib/libmark.so:/proc/self/cwd/lib/libmark.so", "LD_LIBRARY_PATH=/evil",
-                "NVIDIA_DRIVER_CAPABILITIES=compute,utility"]
+        env += [
+            "LD_PRELOAD=/lib/libmark.so:/proc/self/cwd/lib/libmark.so",
+            "LD_LIBRARY_PATH=/evil",
+            "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+        ]
     elif case == "magicconf":
         _drop(layer, "etc/ld.so.conf.d")
         layer.symlink("etc/ld.so.conf.d", f"/proc/self/root{bait}/ld.so.conf.d")

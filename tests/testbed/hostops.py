@@ -6,6 +6,7 @@ bed owns all of it through three scopes, and these helpers act only inside a sco
 a path prefix (mounts under the workdir), a cgroup parent private to one containerd,
 and exact command-line matches (the shim's ``-address <our socket>``).
 """
+
 from __future__ import annotations
 
 import ctypes

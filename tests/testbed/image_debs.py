@@ -22,6 +22,7 @@ Debian system takes its updates, not the way the test bed takes its tools
   again here against ``apt-cache show`` and recorded, and the unpacked tree is kept under
   a name that holds it, so a tree is only ever reused for the same bytes.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -88,16 +89,24 @@ class _Release:
             f"deb {signed} {uri} {self.release}-updates main\n"
             f"deb {signed} {security} {self.release}-security main\n"
         )
-        self.conf.write_text(private_apt_conf(self.dir, self.lists, (ARCH,), """\
+        self.conf.write_text(
+            private_apt_conf(
+                self.dir,
+                self.lists,
+                (ARCH,),
+                """\
 Acquire::Check-Valid-Until "true";
 Acquire::AllowInsecureRepositories "false";
 Acquire::AllowDowngradeToInsecureRepositories "false";
-APT::Get::AllowUnauthenticated "false";"""))
+APT::Get::AllowUnauthenticated "false";""",
+            )
+        )
 
     def apt(self, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
         tool = "apt-cache" if args[0] in ("madison", "show") else "apt-get"
-        return subprocess.run([tool, "-c", str(self.conf), "-q", *args], cwd=cwd, capture_output=True, text=True,
-                              env=_apt_env())
+        return subprocess.run(
+            [tool, "-c", str(self.conf), "-q", *args], cwd=cwd, capture_output=True, text=True, env=_apt_env()
+        )
 
     def refresh(self) -> None:
         stamp = self.lists / ".updated"
@@ -106,8 +115,10 @@ APT::Get::AllowUnauthenticated "false";"""))
         proc = self.apt("update")
         out = proc.stdout + proc.stderr
         if proc.returncode != 0 or _UPDATE_FAILED.search(out):
-            raise DebError(f"apt-get update of {self.release}, -updates and -security refused "
-                           f"(signature, expiry or network):\n{_tail(out)}")
+            raise DebError(
+                f"apt-get update of {self.release}, -updates and -security refused "
+                f"(signature, expiry or network):\n{_tail(out)}"
+            )
         problem = self.stale()
         if problem:
             raise DebError(f"{problem}: refused (a replayed Release would hold security fixes back)")
@@ -175,4 +186,3 @@ def fetch(packages: Sequence[tuple[str, str, str]]) -> list[Deb]:
             result += [source.fetch(name, pattern) for name, r, pattern in packages if r == release]
     order = {name: i for i, (name, _, _) in enumerate(packages)}
     return sorted(result, key=lambda deb: order[deb.package])
-

@@ -18,6 +18,7 @@ import`` uses) and ``org.opencontainers.image.ref.name`` (the tag, per the spec)
 
 Built tars are cached under ``<cache>/images/`` keyed by a hash of their inputs.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -55,8 +56,8 @@ _PAUSE_C = Path(__file__).with_name("pause.c")
 
 @dataclass(frozen=True)
 class Image:
-    name: str       # full reference, e.g. localhost/nri-gpu/busybox:1
-    tar: Path       # OCI image-layout tar
+    name: str  # full reference, e.g. localhost/nri-gpu/busybox:1
+    tar: Path  # OCI image-layout tar
     manifest_digest: str
 
 
@@ -126,28 +127,38 @@ def _write_layout(out: Path, name: str, layer: _Layer, config: dict[str, object]
         "history": [{"created_by": "nri-gpu tests/testbed/images.py"}],
     }
     config_blob = _json(image_config)
-    manifest = _json({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                   "digest": _sha(config_blob), "size": len(config_blob)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                    "digest": _sha(gz), "size": len(gz)}],
-    })
-    index = _json({
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{
+    manifest = _json(
+        {
+            "schemaVersion": 2,
             "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": _sha(manifest),
-            "size": len(manifest),
-            "platform": {"architecture": "amd64", "os": "linux"},
-            "annotations": {
-                "io.containerd.image.name": name,
-                "org.opencontainers.image.ref.name": name.rpartition(":")[2],
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": _sha(config_blob),
+                "size": len(config_blob),
             },
-        }],
-    })
+            "layers": [
+                {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": _sha(gz), "size": len(gz)}
+            ],
+        }
+    )
+    index = _json(
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "digest": _sha(manifest),
+                    "size": len(manifest),
+                    "platform": {"architecture": "amd64", "os": "linux"},
+                    "annotations": {
+                        "io.containerd.image.name": name,
+                        "org.opencontainers.image.ref.name": name.rpartition(":")[2],
+                    },
+                }
+            ],
+        }
+    )
     outer = _Layer()
     outer.file("oci-layout", _json({"imageLayoutVersion": "1.0.0"}))
     outer.file("index.json", index)

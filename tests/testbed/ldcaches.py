@@ -24,6 +24,7 @@ The caches are kept under ``<cache>/ldcaches/`` keyed by kind, the driver tree a
 on a fresh machine), later ones read a file. ``print_cache(data)`` gives what glibc's own
 reader (``ldconfig -p -C``) makes of a cache: the reference answer for a parser.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -8,6 +8,7 @@ only say "Driver Not Loaded".
 
 The build is cached under ``<cache>/nvmlsim/<hash of the source and flags>/``.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -28,6 +28,7 @@ hash that went in.
 Run as a module to write the archive: ``python -m tests.testbed.plugin_image
 [--output FILE] [--pin-wheels]``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,11 +70,28 @@ _PYTHON_DEBS = (
 _STDLIB = "usr/lib/python3.11/"
 # Never imported by a daemon: left out to keep the image small.
 _SKIP_PREFIXES = (
-    "usr/share/doc", "usr/share/lintian", "usr/share/man", "usr/share/binfmts", "usr/share/applications",
+    "usr/share/doc",
+    "usr/share/lintian",
+    "usr/share/man",
+    "usr/share/binfmts",
+    "usr/share/applications",
     "usr/share/pixmaps",
-    *(_STDLIB + sub for sub in ("test/", "idlelib/", "tkinter/", "lib2to3/", "ensurepip/", "pydoc_data/",
-                                "turtledemo/", "unittest/test/", "distutils/tests/", "ctypes/test/",
-                                "sqlite3/test/")),
+    *(
+        _STDLIB + sub
+        for sub in (
+            "test/",
+            "idlelib/",
+            "tkinter/",
+            "lib2to3/",
+            "ensurepip/",
+            "pydoc_data/",
+            "turtledemo/",
+            "unittest/test/",
+            "distutils/tests/",
+            "ctypes/test/",
+            "sqlite3/test/",
+        )
+    ),
 )
 _SKIP_NAMES = ("_test", "xxlimited", "_xxtestfuzz", "_ctypes_test")
 
@@ -131,9 +149,28 @@ def wheel_pins(text: str | None = None) -> dict[str, tuple[str, str]]:
 
 
 def _pip_download(dest: Path, args: list[str]) -> None:
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-           "--platform", "any", "--implementation", "py", "--abi", "none", "--python-version", "3.11",
-           "--cache-dir", str(cache_dir() / "pip"), "--dest", str(dest), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--platform",
+        "any",
+        "--implementation",
+        "py",
+        "--abi",
+        "none",
+        "--python-version",
+        "3.11",
+        "--cache-dir",
+        str(cache_dir() / "pip"),
+        "--dest",
+        str(dest),
+        *args,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"pip download failed:\n{proc.stderr[-3000:]}")
@@ -175,10 +212,12 @@ def pin_wheels() -> str:
     """Rewrite deploy/image-requirements.txt: the versions installed next to the tests,
     with the SHA256 of the py3-none-any wheels pip fetches for them. Returns the text."""
     versions = {name: importlib.metadata.version(name) for name in WHEELS}
-    lines = ["# The plugin image's wheels, pinned by version and SHA256: hack/build-image and",
-             "# deploy/Dockerfile fetch them with pip --require-hashes. Written by",
-             "# `hack/build-image --pin-wheels` from the versions installed next to the tests",
-             "# (tests/unit/test_deploy.py checks they agree)."]
+    lines = [
+        "# The plugin image's wheels, pinned by version and SHA256: hack/build-image and",
+        "# deploy/Dockerfile fetch them with pip --require-hashes. Written by",
+        "# `hack/build-image --pin-wheels` from the versions installed next to the tests",
+        "# (tests/unit/test_deploy.py checks they agree).",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         _pip_download(Path(tmp), [f"{name}=={version}" for name, version in versions.items()])
         for name, version in versions.items():
@@ -225,8 +264,10 @@ def manifest_text(image: Image, debs: list[Deb], wheels: list[Path]) -> str:
     """What went into ``image``, one line per thing: written beside the archive."""
     pins = wheel_pins()
     count, digest = _sources_digest()
-    lines = [f"# {image.name} {image.manifest_digest}",
-             "# kind name version source sha256 (.debs: as Debian's signed index states it)"]
+    lines = [
+        f"# {image.name} {image.manifest_digest}",
+        "# kind name version source sha256 (.debs: as Debian's signed index states it)",
+    ]
     lines += [f"deb {d.package} {d.version} debian:{d.suite} sha256:{d.sha256}" for d in debs]
     for wheel in wheels:
         name = wheel.name.split("-")[0]
@@ -269,11 +310,19 @@ def plugin_image() -> Image:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="build-image", description=f"Write the OCI archive of {IMAGE}.")
-    parser.add_argument("--output", metavar="FILE", type=Path, default=Path("nri-gpu-image.tar"),
-                        help="where to write the OCI image-layout tar (default nri-gpu-image.tar), and"
-                             " FILE.manifest.txt beside it; - for stdout (the manifest goes to stderr)")
-    parser.add_argument("--pin-wheels", action="store_true",
-                        help=f"first rewrite {WHEEL_PINS.relative_to(ROOT)} from the installed versions")
+    parser.add_argument(
+        "--output",
+        metavar="FILE",
+        type=Path,
+        default=Path("nri-gpu-image.tar"),
+        help="where to write the OCI image-layout tar (default nri-gpu-image.tar), and"
+        " FILE.manifest.txt beside it; - for stdout (the manifest goes to stderr)",
+    )
+    parser.add_argument(
+        "--pin-wheels",
+        action="store_true",
+        help=f"first rewrite {WHEEL_PINS.relative_to(ROOT)} from the installed versions",
+    )
     args = parser.parse_args(argv)
     if args.pin_wheels:
         print(pin_wheels(), end="", file=sys.stderr)

@@ -31,6 +31,7 @@ own there, for every version, and remove it), and an image pull writes its blob-
 run with ``--network none`` (no CNI, netavark or slirp needed) and explicit
 ``--ulimit``s: podman's defaults (nofile 1048576) exceed these machines' hard limits.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -62,16 +63,40 @@ class _Release:
 
 
 _RELEASES = {
-    "4.3.1": _Release("bookworm", "4.3.1+ds1-*", {
-        "libsubid4": "1:4.13+dfsg1-*", "libgpgme11": "1.18.0-*", "libassuan0": "2.5.5-*",
-    }),
-    "5.4.2": _Release("trixie", "5.4.2+ds1-*", {
-        "libc6": "2.41-*", "libsubid5": "1:4.17.4-*", "libgpgme11t64": "1.24.2-*", "libassuan9": "3.0.2-*",
-    }, relinked=True, netavark="1.14.0-*"),
-    "5.8.6": _Release("sid", "5.8.6+ds1-*", {
-        "libc6": "2.43-*", "libsubid6": "1:4.20.3-*", "libgpgme45": "2.2.0-*", "libassuan9": "3.0.2-*",
-        "libgpg-error0": "1.61-*",
-    }, relinked=True, netavark="1.14.0-*"),
+    "4.3.1": _Release(
+        "bookworm",
+        "4.3.1+ds1-*",
+        {
+            "libsubid4": "1:4.13+dfsg1-*",
+            "libgpgme11": "1.18.0-*",
+            "libassuan0": "2.5.5-*",
+        },
+    ),
+    "5.4.2": _Release(
+        "trixie",
+        "5.4.2+ds1-*",
+        {
+            "libc6": "2.41-*",
+            "libsubid5": "1:4.17.4-*",
+            "libgpgme11t64": "1.24.2-*",
+            "libassuan9": "3.0.2-*",
+        },
+        relinked=True,
+        netavark="1.14.0-*",
+    ),
+    "5.8.6": _Release(
+        "sid",
+        "5.8.6+ds1-*",
+        {
+            "libc6": "2.43-*",
+            "libsubid6": "1:4.20.3-*",
+            "libgpgme45": "2.2.0-*",
+            "libassuan9": "3.0.2-*",
+            "libgpg-error0": "1.61-*",
+        },
+        relinked=True,
+        netavark="1.14.0-*",
+    ),
 }
 VERSIONS: tuple[str, ...] = tuple(_RELEASES)
 VERSION = VERSIONS[0]
@@ -166,9 +191,13 @@ class Podman:
 
     def _write_config(self) -> None:
         w = self.workdir
-        conmon_env = [f"PATH={_PATH}", f"LD_LIBRARY_PATH={self.bin.library_path}",
-                      f"CONTAINERS_CONF={self.conf}", f"CONTAINERS_STORAGE_CONF={self.storage_conf}",
-                      f"CONTAINERS_REGISTRIES_CONF={self.registries_conf}"]
+        conmon_env = [
+            f"PATH={_PATH}",
+            f"LD_LIBRARY_PATH={self.bin.library_path}",
+            f"CONTAINERS_CONF={self.conf}",
+            f"CONTAINERS_STORAGE_CONF={self.storage_conf}",
+            f"CONTAINERS_REGISTRIES_CONF={self.registries_conf}",
+        ]
         helpers = f"\nhelper_binaries_dir = {_toml_list([str(self.bin.helpers)])}" if self.bin.helpers else ""
         self.conf.write_text(f"""\
 [containers]
@@ -211,8 +240,15 @@ runroot = {json.dumps(str(w / "run"))}
 
     def __call__(self, *args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run ``podman ARGS``; raise RuntimeError with its output if it fails and ``check``."""
-        done = subprocess.run([str(self.bin.podman), *args], env=self.env(), capture_output=True, text=True,
-                              errors="replace", timeout=timeout, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [str(self.bin.podman), *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
         if check and done.returncode != 0:
             raise RuntimeError(f"podman {' '.join(args)} exited {done.returncode}:\n{done.stdout}{done.stderr}")
         return done
@@ -222,11 +258,13 @@ runroot = {json.dumps(str(w / "run"))}
         pulled = self("pull", "--quiet", "--signature-policy", str(self.policy), f"oci-archive:{image.tar}")
         self("tag", pulled.stdout.split()[-1], image.name)
 
-    def run(self, image: str, *command: str, options: Sequence[str] = (), check: bool = False,
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, image: str, *command: str, options: Sequence[str] = (), check: bool = False, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         """``podman run --rm`` of ``image`` with the test bed's flags and ``options``."""
-        return self("run", "--rm", "--network", "none", *ulimits(), *options, image, *command,
-                    check=check, timeout=timeout)
+        return self(
+            "run", "--rm", "--network", "none", *ulimits(), *options, image, *command, check=check, timeout=timeout
+        )
 
     def cleanup(self) -> None:
         """Remove every container (a test may leave one behind)."""
@@ -256,11 +294,16 @@ def shared_spec_path(tag: str = "") -> Iterator[Path]:
     with open(cache_dir() / ".podman-cdi.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         path = CDI_DIR / f"{SPEC_PREFIX}{tag}{os.getpid()}.json"
-        foreign = [c.other for c in conflicts(str(path), spec_dirs=(str(CDI_DIR),))
-                   if c.same_folder and not Path(c.other).name.startswith(SPEC_PREFIX)]
+        foreign = [
+            c.other
+            for c in conflicts(str(path), spec_dirs=(str(CDI_DIR),))
+            if c.same_folder and not Path(c.other).name.startswith(SPEC_PREFIX)
+        ]
         if foreign:
-            raise SpecFolderTaken(f"{', '.join(foreign)} already define nvidia.com/gpu in {CDI_DIR}: "
-                                  "a second spec there would cancel both")
+            raise SpecFolderTaken(
+                f"{', '.join(foreign)} already define nvidia.com/gpu in {CDI_DIR}: "
+                "a second spec there would cancel both"
+            )
         for stale in CDI_DIR.glob(f"{SPEC_PREFIX}*.json"):  # a killed session's: it would cancel ours
             stale.unlink(missing_ok=True)
         created = not CDI_DIR.exists()

@@ -11,6 +11,7 @@ process loads, unlike ``DT_RUNPATH``, which serves only the binary's own
 ``NEEDED`` entries: libgpgme's libassuan would be missed). patchelf comes from
 Debian too. The copy lives in the cache, one per input set, made once.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -49,14 +50,25 @@ def relink(binary: Path, loader: Path, library_dirs: Sequence[Path], *, check: S
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".relink-") as tmp:
         work = Path(tmp) / binary.name
         shutil.copy2(binary, work)
-        done = subprocess.run([str(patchelf), "--set-interpreter", str(loader), "--force-rpath",
-                               "--set-rpath", rpath, str(work)], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [str(patchelf), "--set-interpreter", str(loader), "--force-rpath", "--set-rpath", rpath, str(work)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if done.returncode != 0:
             raise RelinkError(f"patchelf on {binary} failed: {done.stderr.strip()[-2000:]}")
-        started = subprocess.run([str(work), *check], capture_output=True, text=True, timeout=60,
-                                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        started = subprocess.run(
+            [str(work), *check],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        )
         if started.returncode != 0:
-            raise RelinkError(f"relinked {binary.name} does not start ({' '.join(check)} exited "
-                              f"{started.returncode}): {started.stderr.strip()[-2000:]}")
+            raise RelinkError(
+                f"relinked {binary.name} does not start ({' '.join(check)} exited "
+                f"{started.returncode}): {started.stderr.strip()[-2000:]}"
+            )
         os.replace(work, dest)
     return dest

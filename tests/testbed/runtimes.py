@@ -9,6 +9,7 @@ containerd finds ``containerd-shim-runc-v2`` (and the shim finds ``runc`` unless
 config names it) on PATH, so each containerd version gets a ``bin/`` dir of symlinks
 that the daemon's PATH starts with.
 """
+
 from __future__ import annotations
 
 import os

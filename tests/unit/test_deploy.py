@@ -146,8 +146,15 @@ def test_dockerfile_takes_the_wheels_the_image_builder_pins(dockerfile: list[Ins
     assert f"{plugin_image.WHEEL_PINS.relative_to(ROOT)} /image-requirements.txt" in copies
     run = _run_text(dockerfile, "rootfs")
     # The same pip download as plugin_image._wheels: pure-Python wheels for the image's Python.
-    for flag in ("--no-deps", "--only-binary=:all:", "--platform any", "--implementation py", "--abi none",
-                 f"--python-version {_python_version()}", "--require-hashes -r /image-requirements.txt"):
+    for flag in (
+        "--no-deps",
+        "--only-binary=:all:",
+        "--platform any",
+        "--implementation py",
+        "--abi none",
+        f"--python-version {_python_version()}",
+        "--require-hashes -r /image-requirements.txt",
+    ):
         assert flag in run
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
     assert f"!{plugin_image.WHEEL_PINS.relative_to(ROOT)}" in ignore
@@ -187,8 +194,11 @@ def test_dockerfile_image_config_is_the_image_builders(dockerfile: list[Instruct
 
 
 def test_dockerfile_copies_the_packages_to_the_install_dir(dockerfile: list[Instruction]) -> None:
-    copies = [i.value.split() for i in _stage(dockerfile, "rootfs") if i.op == "COPY" and "/rootfs/" in i.value
-              and "--from" not in i.value]
+    copies = [
+        i.value.split()
+        for i in _stage(dockerfile, "rootfs")
+        if i.op == "COPY" and "/rootfs/" in i.value and "--from" not in i.value
+    ]
     assert copies == [[package, f"/rootfs{plugin_image.INSTALL_DIR}/{package}"] for package in plugin_image.PACKAGES]
     cleanup = _run_text(dockerfile, "rootfs")
     assert "-name __pycache__" in cleanup and "-name '*.pyc' -delete" in cleanup  # as source_files() skips them
@@ -197,8 +207,10 @@ def test_dockerfile_copies_the_packages_to_the_install_dir(dockerfile: list[Inst
 def test_dockerfile_base_layout_is_the_image_builders(dockerfile: list[Instruction]) -> None:
     run = _run_text(dockerfile, "rootfs")
     base = images._base_layer(b"", [])
-    written = {path: text.encode().decode("unicode_escape").encode()
-               for text, path in re.findall(r"printf '([^']*)' > (\S+);", run)}
+    written = {
+        path: text.encode().decode("unicode_escape").encode()
+        for text, path in re.findall(r"printf '([^']*)' > (\S+);", run)
+    }
     for path in ("etc/passwd", "etc/group"):
         assert written[path] == base.entries[path][1], path
     modes = {path: 0o755 for path in re.search(r"mkdir -p ([^;]+);", run).group(1).split()}  # type: ignore[union-attr]
@@ -264,8 +276,9 @@ def test_namespace_admits_a_privileged_pod_and_holds_the_objects(plain: dict[str
         assert plain[kind]["metadata"]["namespace"] == namespace["name"], kind
 
 
-def test_daemonset_args_are_flags_nri_gpu_run_accepts(plain: dict[str, dict[str, Any]],
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_daemonset_args_are_flags_nri_gpu_run_accepts(
+    plain: dict[str, dict[str, Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
     container = _container(plain)
     assert "command" not in container  # the image's entrypoint, `python3.11 -m plugin run`
     args = container["args"]
@@ -285,7 +298,7 @@ def test_daemonset_args_are_flags_nri_gpu_run_accepts(plain: dict[str, dict[str,
 
 def _config_path(plain: dict[str, dict[str, Any]]) -> str:
     (flag,) = [a for a in _container(plain)["args"] if a.startswith(CONFIG_FLAG)]
-    return str(flag[len(CONFIG_FLAG):])
+    return str(flag[len(CONFIG_FLAG) :])
 
 
 def _mounts(plain: dict[str, dict[str, Any]]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
@@ -368,7 +381,15 @@ def test_daemonset_grants_the_least_that_works(plain: dict[str, dict[str, Any]])
     assert "privileged" not in security
     assert security["capabilities"]["drop"] == ["ALL"]
     assert set(security["capabilities"]["add"]) == {
-        "SYS_ADMIN", "SYS_CHROOT", "SYS_PTRACE", "DAC_OVERRIDE", "SETUID", "SETGID", "SETPCAP", "KILL"}
+        "SYS_ADMIN",
+        "SYS_CHROOT",
+        "SYS_PTRACE",
+        "DAC_OVERRIDE",
+        "SETUID",
+        "SETGID",
+        "SETPCAP",
+        "KILL",
+    }
     assert security["seccompProfile"] == {"type": "RuntimeDefault"}
     assert security["readOnlyRootFilesystem"] is True
     # Bounded: a leak or a bomb is killed by the kernel, not the node.
@@ -403,8 +424,12 @@ def test_node_setup_init_container_sets_up_the_runtime_the_plugin_talks_to(plain
     and validates, and they agree with the plugin's config: the NRI socket it waits
     for is the one the plugin connects to, through the same host root."""
     pod, init = _pod(plain), _init(_pod(plain))
-    assert init["image"] == _container(plain)["image"] and init["command"] == ["python3.11", "-m", "plugin",
-                                                                               "node-setup"]
+    assert init["image"] == _container(plain)["image"] and init["command"] == [
+        "python3.11",
+        "-m",
+        "plugin",
+        "node-setup",
+    ]
     args = build_parser().parse_args(["node-setup", *init["args"]])
     options = node_setup.options_from(args)  # validates them together
     settings = _settings(plain["ConfigMap"])
@@ -441,14 +466,26 @@ def test_node_setup_writes_only_the_runtimes_config_folder(plain: dict[str, dict
 def test_chart_node_setup_values() -> None:
     off = _rendered(**{"nodeSetup.enabled": False})["DaemonSet"]["spec"]["template"]["spec"]
     assert "initContainers" not in off and "runtime-config" not in {v["name"] for v in off["volumes"]}
-    crio = _rendered(**{"nodeSetup.runtime": "crio", "nodeSetup.config": "/etc/crio/crio.conf.d",
-                        "nodeSetup.restartMode": "systemd", "nodeSetup.runtimeSocket": "/var/run/crio/crio.sock",
-                        "nodeSetup.timeout": 120, "roots.hostRoot": "/node", "nri.socket": "/run/nri/api.sock"})
+    crio = _rendered(
+        **{
+            "nodeSetup.runtime": "crio",
+            "nodeSetup.config": "/etc/crio/crio.conf.d",
+            "nodeSetup.restartMode": "systemd",
+            "nodeSetup.runtimeSocket": "/var/run/crio/crio.sock",
+            "nodeSetup.timeout": 120,
+            "roots.hostRoot": "/node",
+            "nri.socket": "/run/nri/api.sock",
+        }
+    )
     pod = crio["DaemonSet"]["spec"]["template"]["spec"]
     init = _init(pod)
     options = node_setup.options_from(build_parser().parse_args(["node-setup", *init["args"]]))
     assert (options.runtime, options.config, options.restart_mode.value, options.timeout) == (
-        "crio", "/etc/crio/crio.conf.d", "systemd", 120.0)
+        "crio",
+        "/etc/crio/crio.conf.d",
+        "systemd",
+        120.0,
+    )
     assert (options.host_root, options.nri_socket) == ("/node", "/run/nri/api.sock")
     assert options.runtime_socket == "/var/run/crio/crio.sock"
     # systemd mode chroots into the host's /: that capability, and only then.
@@ -490,8 +527,21 @@ def test_nri_socket_connects_through_a_read_only_bind_mount(tmp_path: Path) -> N
 
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("needs root and unshare(1) for a private mount namespace")
-    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-c",
-                           _CONNECT_THROUGH_RO_BIND, str(tmp_path)], capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            sys.executable,
+            "-c",
+            _CONNECT_THROUGH_RO_BIND,
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["write: Read-only file system", "got: ping"]
 
@@ -526,24 +576,43 @@ def test_plain_manifests_are_the_charts_default_render() -> None:
 
 
 def test_chart_values_reach_the_config_and_the_pod() -> None:
-    rendered = _rendered(**{
-        "image.repository": "registry.example/nri-gpu", "image.tag": "", "image.pullPolicy": "IfNotPresent",
-        "roots.driverRoot": "/host/run/nvidia/driver", "roots.hostRoot": "/node",
-        "plugin.index": "05", "plugin.name": "gpus", "nri.socket": "/run/nri/api.sock",
-        "policy.accept_env_unprivileged": False, "policy.annotation_namespaces": ["ml", "research"],
-        "policy.namespaces": ["ml", "research", "web"], "policy.accept_volume_mounts": False,
-        "policy.capabilities": ["compute", "utility"], "logging.format": "json", "logging.level": "debug",
-        "metrics.address": "0.0.0.0", "metrics.port": 9500, "nodeSelector": {"gpu": "yes"},
-        "tolerations": [], "resources": {"limits": {"memory": "200Mi"}},
-    })
+    rendered = _rendered(
+        **{
+            "image.repository": "registry.example/nri-gpu",
+            "image.tag": "",
+            "image.pullPolicy": "IfNotPresent",
+            "roots.driverRoot": "/host/run/nvidia/driver",
+            "roots.hostRoot": "/node",
+            "plugin.index": "05",
+            "plugin.name": "gpus",
+            "nri.socket": "/run/nri/api.sock",
+            "policy.accept_env_unprivileged": False,
+            "policy.annotation_namespaces": ["ml", "research"],
+            "policy.namespaces": ["ml", "research", "web"],
+            "policy.accept_volume_mounts": False,
+            "policy.capabilities": ["compute", "utility"],
+            "logging.format": "json",
+            "logging.level": "debug",
+            "metrics.address": "0.0.0.0",
+            "metrics.port": 9500,
+            "nodeSelector": {"gpu": "yes"},
+            "tolerations": [],
+            "resources": {"limits": {"memory": "200Mi"}},
+        }
+    )
     settings = _settings(rendered["ConfigMap"])
     plugin, engine = settings.plugin, settings.engine
     assert (plugin.index, plugin.name, plugin.socket) == ("05", "gpus", "/run/nri/api.sock")
     assert (plugin.log_format, plugin.log_level, plugin.metrics_address) == ("json", "debug", "0.0.0.0:9500")
     assert (engine.driver_root, engine.host_root) == ("/host/run/nvidia/driver", "/node")
-    assert engine.policy == policy_from_mapping({
-        "accept_env_unprivileged": False, "annotation_namespaces": ["ml", "research"],
-        "namespaces": ["ml", "research", "web"], "capabilities": ["compute", "utility"]})
+    assert engine.policy == policy_from_mapping(
+        {
+            "accept_env_unprivileged": False,
+            "annotation_namespaces": ["ml", "research"],
+            "namespaces": ["ml", "research", "web"],
+            "capabilities": ["compute", "utility"],
+        }
+    )
     pod = rendered["DaemonSet"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == f"registry.example/nri-gpu:{load_chart(CHART).metadata['appVersion']}"
@@ -557,15 +626,20 @@ def test_chart_values_reach_the_config_and_the_pod() -> None:
     assert mounts["host"] == "/node"
 
 
-@pytest.mark.parametrize(("value", "expected"), [
-    ("IfPossible", {"recursiveReadOnly": "IfPossible", "mountPropagation": "None"}),
-    ("", {"mountPropagation": "HostToContainer"}),
-], ids=["if-possible", "containerd-1.7-propagating"])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("IfPossible", {"recursiveReadOnly": "IfPossible", "mountPropagation": "None"}),
+        ("", {"mountPropagation": "HostToContainer"}),
+    ],
+    ids=["if-possible", "containerd-1.7-propagating"],
+)
 def test_chart_host_mount_fallbacks(value: str, expected: dict[str, str]) -> None:
     """Where the runtime has no recursive read-only mounts (containerd 1.7), the chart
     offers the documented fallbacks; each keeps the host's / read-only at the top."""
     (container,) = _rendered(**{"hostMount.recursiveReadOnly": value})["DaemonSet"]["spec"]["template"]["spec"][
-        "containers"]
+        "containers"
+    ]
     (host,) = [m for m in container["volumeMounts"] if m["name"] == "host"]
     assert host == {"name": "host", "mountPath": "/host", "readOnly": True, **expected}
 
@@ -598,13 +672,18 @@ def test_chart_logging_values_name_logfmts_levels_and_formats() -> None:
     assert (values["level"], values["format"]) == (DEFAULT_LOG_LEVEL, DEFAULT_LOG_FORMAT)
     lines = (CHART / "values.yaml").read_text().splitlines()
     start = lines.index("logging:") + 1
-    block = lines[start:start + next(i for i, line in enumerate(lines[start:]) if not line.startswith("  "))]
+    block = lines[start : start + next(i for i, line in enumerate(lines[start:]) if not line.startswith("  "))]
     # Each key's comment is the line above it.
-    comment = {line.split(":")[0].strip(): block[i - 1] for i, line in enumerate(block) if not line.lstrip().startswith("#")}
+    comment = {
+        line.split(":")[0].strip(): block[i - 1] for i, line in enumerate(block) if not line.lstrip().startswith("#")
+    }
     assert _names(comment["level"].lstrip(" #")) == LOG_LEVELS
     assert _names(comment["format"].lstrip(" #")) == LOG_FORMATS
-    rows = {row.split("|")[1].strip(" `"): row.split("|")[3] for row in (CHART / "README.md").read_text().splitlines()
-            if row.startswith("| `logging.")}
+    rows = {
+        row.split("|")[1].strip(" `"): row.split("|")[3]
+        for row in (CHART / "README.md").read_text().splitlines()
+        if row.startswith("| `logging.")
+    }
     assert (_names(rows["logging.level"]), _names(rows["logging.format"])) == (LOG_LEVELS, LOG_FORMATS)
 
 
@@ -626,7 +705,7 @@ def test_chart_metadata_and_image() -> None:
     ("template", "expected"),
     [
         ("{{23 -}} < {{- 45}}", "23<45"),  # text/template's own trimming example
-        ('{{ if .Values.on }}yes{{ else }}no{{ end }}|{{ if .Values.off }}yes{{ else }}no{{ end }}', "yes|no"),
+        ("{{ if .Values.on }}yes{{ else }}no{{ end }}|{{ if .Values.off }}yes{{ else }}no{{ end }}", "yes|no"),
         ('{{ .Values.empty | default "d" }} {{ default "d" .Values.name }}', "d x"),
         ("a:{{ toYaml .Values.map | nindent 2 }}", "a:\n  k: v\n  l:\n  - 1"),
         ("{{ .Values.name | quote }} {{ toJson .Values.list }} {{ .Values.on }}", '"x" ["a","b"] true'),
@@ -635,22 +714,44 @@ def test_chart_metadata_and_image() -> None:
         ('{{- define "t" -}}\n[{{ .Values.name }}]\n{{- end }}{{ include "t" . | indent 2 }}', "  [x]"),
         ("{{ toYaml .Values.strings }}", 'a: "true"\nb: "1"\nc: plain'),  # go-yaml's double quotes
     ],
-    ids=["trim", "if-else", "default", "toYaml-nindent", "quote-toJson-bool", "dir", "eq", "define-include",
-         "toYaml-quoting"],
+    ids=[
+        "trim",
+        "if-else",
+        "default",
+        "toYaml-nindent",
+        "quote-toJson-bool",
+        "dir",
+        "eq",
+        "define-include",
+        "toYaml-quoting",
+    ],
 )
 def test_renderer_follows_go_templates(template: str, expected: str) -> None:
     chart = load_chart(CHART)
     chart.templates = {"t.yaml": template}
-    values = {"on": True, "off": False, "empty": "", "name": "x", "list": ["a", "b"], "map": {"k": "v", "l": [1]},
-              "strings": {"a": "true", "b": "1", "c": "plain"}}
+    values = {
+        "on": True,
+        "off": False,
+        "empty": "",
+        "name": "x",
+        "list": ["a", "b"],
+        "map": {"k": "v", "l": [1]},
+        "strings": {"a": "true", "b": "1", "c": "plain"},
+    }
     chart.values = values
     assert render_chart(chart, release="r", namespace="n")["t.yaml"] == expected
 
 
 @pytest.mark.parametrize(
     "template",
-    ["{{ range .Values.list }}x{{ end }}", "{{ with .Values.map }}x{{ end }}", "{{ .Values.missing }}",
-     '{{ printf "%s" .Values.name }}', "{{ if .Values.on }}x", "{{ $x := 1 }}"],
+    [
+        "{{ range .Values.list }}x{{ end }}",
+        "{{ with .Values.map }}x{{ end }}",
+        "{{ .Values.missing }}",
+        '{{ printf "%s" .Values.name }}',
+        "{{ if .Values.on }}x",
+        "{{ $x := 1 }}",
+    ],
     ids=["range", "with", "missing-value", "printf", "unclosed-if", "variable"],
 )
 def test_renderer_refuses_what_it_does_not_implement(template: str) -> None:

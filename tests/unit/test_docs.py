@@ -11,8 +11,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # The READMEs name tests as the security and deploy docs do (each privilege with the test
 # that holds it): they are checked the same way.
-DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md", ROOT / "deploy" / "README.md",
-        ROOT / "deploy" / "helm" / "nri-gpu" / "README.md"]
+DOCS = [
+    *sorted((ROOT / "docs").glob("*.md")),
+    ROOT / "README.md",
+    ROOT / "deploy" / "README.md",
+    ROOT / "deploy" / "helm" / "nri-gpu" / "README.md",
+]
 # `tests/x.py::test_a`, `::test_b` (same file as the last one named), or `tests/x.py`.
 _REFERENCE = re.compile(r"`((?:tests|engine|plugin|deploy|hack)/[\w./-]+)?(?:::(\w+))?`")
 
@@ -64,8 +68,12 @@ def _defined_tests() -> set[str]:
 
 def test_every_test_a_doc_names_alone_exists() -> None:
     defined = _defined_tests()
-    missing = {f"{doc.relative_to(ROOT)}: {name}" for doc in DOCS
-               for name in _BARE_TEST.findall(doc.read_text()) if name not in defined}
+    missing = {
+        f"{doc.relative_to(ROOT)}: {name}"
+        for doc in DOCS
+        for name in _BARE_TEST.findall(doc.read_text())
+        if name not in defined
+    }
     assert not missing, f"docs name tests that do not exist: {sorted(missing)}"
 
 

@@ -36,7 +36,8 @@ def _deb(work: Path, version: str) -> Path:
     (root / "usr/share/probe").write_text(version)
     (root / "DEBIAN/control").write_text(
         f"Package: {PACKAGE}\nVersion: {version}\nArchitecture: all\nMaintainer: t <t@example.org>\n"
-        "Description: probe\n")
+        "Description: probe\n"
+    )
     out = work / f"{PACKAGE}_{version}_all.deb"
     subprocess.run(["dpkg-deb", "--root-owner-group", "-b", str(root), str(out)], check=True, capture_output=True)
     return out
@@ -68,16 +69,23 @@ def _suite(mirror: Path, suite: str, debs: list[Path], signer: Path, valid_for: 
         shutil.copy(deb, mirror / rel)
         control = subprocess.run(["dpkg-deb", "-f", str(deb)], check=True, capture_output=True, text=True).stdout
         data = deb.read_bytes()
-        stanzas.append(f"{control.rstrip()}\nFilename: {rel}\nSize: {len(data)}\n"
-                       f"SHA256: {hashlib.sha256(data).hexdigest()}\n")
+        stanzas.append(
+            f"{control.rstrip()}\nFilename: {rel}\nSize: {len(data)}\nSHA256: {hashlib.sha256(data).hexdigest()}\n"
+        )
     packages = "\n".join(stanzas).encode()
     (binary / "Packages").write_bytes(packages)
     (binary / "Packages.gz").write_bytes(gzip.compress(packages))
     now = datetime.now(UTC)
     fmt = "%a, %d %b %Y %H:%M:%S UTC"
-    lines = [f"Suite: {suite}", f"Codename: {suite}", "Architectures: amd64", "Components: main",
-             f"Date: {(now - timedelta(days=30)).strftime(fmt)}", f"Valid-Until: {(now + valid_for).strftime(fmt)}",
-             "SHA256:"]
+    lines = [
+        f"Suite: {suite}",
+        f"Codename: {suite}",
+        "Architectures: amd64",
+        "Components: main",
+        f"Date: {(now - timedelta(days=30)).strftime(fmt)}",
+        f"Valid-Until: {(now + valid_for).strftime(fmt)}",
+        "SHA256:",
+    ]
     for name in ("main/binary-amd64/Packages", "main/binary-amd64/Packages.gz"):
         body = (dists / name).read_bytes()
         lines.append(f" {hashlib.sha256(body).hexdigest()} {len(body)} {name}")
@@ -102,15 +110,21 @@ def repos(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str,
         subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "all"], capture_output=True, check=False)
 
 
-def _layout(repos: dict[str, object], *, security_signer: str = "trusted",
-            security_valid: timedelta = timedelta(days=7)) -> None:
+def _layout(
+    repos: dict[str, object], *, security_signer: str = "trusted", security_valid: timedelta = timedelta(days=7)
+) -> None:
     debs: dict[str, Path] = repos["debs"]  # type: ignore[assignment]
     trusted: Path = repos["trusted"]  # type: ignore[assignment]
     mirror: Path = repos["mirror"]  # type: ignore[assignment]
     _suite(mirror, "bookworm", [debs["1.0-1"], debs["2.0-1"]], trusted, timedelta(days=365))
     _suite(mirror, "bookworm-updates", [debs["1.0-1+deb12u1"]], trusted, timedelta(days=7))
-    _suite(repos["security"], "bookworm-security", [debs["1.0-1+deb12u2"]],  # type: ignore[arg-type]
-           repos[security_signer], security_valid)  # type: ignore[arg-type]
+    _suite(
+        repos["security"],
+        "bookworm-security",
+        [debs["1.0-1+deb12u2"]],  # type: ignore[arg-type]
+        repos[security_signer],
+        security_valid,
+    )  # type: ignore[arg-type]
 
 
 def test_the_newest_of_release_updates_and_security_is_taken_and_checked(repos: dict[str, object]) -> None:

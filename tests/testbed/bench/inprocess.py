@@ -66,7 +66,10 @@ async def _no_start(pid: int, work: StartWork, **kw: Any) -> None:
 def _messages(annotations: dict[str, str]) -> tuple[api.PodSandbox, api.Container]:
     pod = api.PodSandbox(id="a" * 64, name="bench", namespace="default", uid="u" * 32, annotations=annotations)
     ctr = api.Container(
-        id="b" * 64, pod_sandbox_id=pod.id, name="main", env=list(_ENV),
+        id="b" * 64,
+        pod_sandbox_id=pod.id,
+        name="main",
+        env=list(_ENV),
         mounts=[api.Mount(destination=m, source=f"/var/lib/pod{m}", type="bind") for m in _MOUNTS],
     )
     return pod, ctr
@@ -99,8 +102,14 @@ def _json_log_to_devnull() -> Callable[[], None]:
     return undo
 
 
-def _split_once(plugin: GpuPlugin, config: EngineConfig, inventory: InventoryCache, pod: api.PodSandbox,
-                ctr: api.Container, times: dict[str, list[float]]) -> None:
+def _split_once(
+    plugin: GpuPlugin,
+    config: EngineConfig,
+    inventory: InventoryCache,
+    pod: api.PodSandbox,
+    ctr: api.Container,
+    times: dict[str, list[float]],
+) -> None:
     """One CreateContainer, step by step, then whole (without and with its log line)."""
     clock, policy, handlers_log = time.perf_counter, config.policy, logging.getLogger("plugin.handlers")
     t0 = clock()

@@ -24,11 +24,11 @@ __all__ = ["Decision", "PluginLog", "parse_log"]
 
 @dataclass(frozen=True)
 class Decision:
-    event: str          # CreateContainer, StartContainer, ValidateContainerAdjustment
+    event: str  # CreateContainer, StartContainer, ValidateContainerAdjustment
     pod: str
     container: str
     container_id: str
-    decision: str       # allocated, started, refused, start_refused, nothing_asked, ...
+    decision: str  # allocated, started, refused, start_refused, nothing_asked, ...
     duration_ms: float
     steps_ms: dict[str, float] = field(default_factory=dict)
 
@@ -66,11 +66,17 @@ def parse_log(text: str) -> PluginLog:
         if entry.get("level") in ("warning", "error", "critical"):
             errors.append(str(entry.get("message", "")))
         if "event" in entry and "decision" in entry and "duration_ms" in entry:
-            decisions.append(Decision(
-                event=str(entry["event"]), pod=str(entry.get("pod", "")), container=str(entry.get("container", "")),
-                container_id=str(entry.get("container_id", "")), decision=str(entry["decision"]),
-                duration_ms=float(entry["duration_ms"]), steps_ms=_steps(entry.get("steps_ms")),
-            ))
+            decisions.append(
+                Decision(
+                    event=str(entry["event"]),
+                    pod=str(entry.get("pod", "")),
+                    container=str(entry.get("container", "")),
+                    container_id=str(entry.get("container_id", "")),
+                    decision=str(entry["decision"]),
+                    duration_ms=float(entry["duration_ms"]),
+                    steps_ms=_steps(entry.get("steps_ms")),
+                )
+            )
     return PluginLog(tuple(decisions), tuple(errors))
 
 

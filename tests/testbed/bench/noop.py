@@ -43,7 +43,9 @@ async def _serve(config: PluginConfig) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.testbed.bench.noop", description="the do-nothing NRI plugin (benchmark floor)")
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.testbed.bench.noop", description="the do-nothing NRI plugin (benchmark floor)"
+    )
     parser.add_argument("--socket", required=True, help="the runtime's NRI socket")
     parser.add_argument("--index", default="10", help="plugin index (default 10, as nri-gpu)")
     args = parser.parse_args(argv)

@@ -211,8 +211,14 @@ def evaluate(version: str, result: dict[str, Any]) -> list[Target]:
 def cdi_targets(cdi: dict[str, Any]) -> list[Target]:
     """The CDI path's target, per engine: a GPU's ``run --rm`` p50 within 30 ms of a plain one."""
     return [
-        Target(engine, "GPU run --rm p50 within 30 ms of a plain one", r["over_p50"], CDI_TARGET_MS, "ms",
-               r["over_p50"] <= CDI_TARGET_MS)
+        Target(
+            engine,
+            "GPU run --rm p50 within 30 ms of a plain one",
+            r["over_p50"],
+            CDI_TARGET_MS,
+            "ms",
+            r["over_p50"] <= CDI_TARGET_MS,
+        )
         for engine, r in cdi.get("engines", {}).items()
     ]
 

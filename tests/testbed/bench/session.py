@@ -75,9 +75,9 @@ _INITIAL_WARMUP = 3
 
 @dataclass(frozen=True)
 class Variant:
-    name: str                     # key in results and pod name part
-    label: str                    # for tables
-    plugin: str | None            # None or one of PLUGIN_KINDS
+    name: str  # key in results and pod name part
+    label: str  # for tables
+    plugin: str | None  # None or one of PLUGIN_KINDS
     annotations: tuple[tuple[str, str], ...] = ()
     # The control: without a plugin, CRI itself gives the container the devices and
     # read-only driver mounts nri-gpu would give a one-GPU pod (no start work).
@@ -166,8 +166,7 @@ def _free_port() -> int:
 class RuntimeBench:
     """One containerd ``version`` serving pods on ``node``; ``open()`` first, ``close()`` last."""
 
-    def __init__(self, version: str, node: SimNode, workdir: Path, rng: random.Random,
-                 say: Any = print) -> None:
+    def __init__(self, version: str, node: SimNode, workdir: Path, rng: random.Random, say: Any = print) -> None:
         self.version = version
         self.node = node
         self.workdir = workdir
@@ -190,8 +189,9 @@ class RuntimeBench:
         self.containerd.start()
         try:
             images.import_all(self.containerd)
-            self._cri = CriClient(self.containerd.address, cgroup_parent=self.containerd.cgroup_parent,
-                                  log_root=self.workdir / "pod-logs")
+            self._cri = CriClient(
+                self.containerd.address, cgroup_parent=self.containerd.cgroup_parent, log_root=self.workdir / "pod-logs"
+            )
         except BaseException:
             self.containerd.stop()
             raise
@@ -225,9 +225,19 @@ class RuntimeBench:
             config.write_text('[engine]\nld_cache = "rebuild"\n' if kind == "nri-gpu-rebuild" else "")
             # At info, as deployed: every timing the bench reads is in the info decision lines,
             # and at debug each container that asks for nothing would pay for lines of its own.
-            proc = NriGpuProcess(self.containerd.nri_socket, log, *self.node.flags(), "--log-format", "json",
-                                 "--log-level", "info",
-                                 "--metrics-address", f"127.0.0.1:{_free_port()}", "--config", str(config))
+            proc = NriGpuProcess(
+                self.containerd.nri_socket,
+                log,
+                *self.node.flags(),
+                "--log-format",
+                "json",
+                "--log-level",
+                "info",
+                "--metrics-address",
+                f"127.0.0.1:{_free_port()}",
+                "--config",
+                str(config),
+            )
         else:
             raise ValueError(f"unknown plugin kind {kind!r}")
         proc.start()
@@ -255,8 +265,9 @@ class RuntimeBench:
         pod = cri.run_pod(pod_name, annotations=dict(variant.annotations))
         try:
             t0 = time.perf_counter()
-            cid = cri.create_container(pod, None, "main", GLIBC, SLEEP, mounts=files["mounts"],
-                                       devices=files["devices"])
+            cid = cri.create_container(
+                pod, None, "main", GLIBC, SLEEP, mounts=files["mounts"], devices=files["devices"]
+            )
             t1 = time.perf_counter()
             cri.start_container(cid)
             t2 = time.perf_counter()
@@ -269,18 +280,24 @@ class RuntimeBench:
         """CRI mounts and devices equal to what nri-gpu's plan gives a one-GPU container."""
         if self._files is None:
             node = self.node
-            config = EngineConfig(driver_root=str(node.driver_root), dev_root=str(node.dev_root),
-                                  proc_root=str(node.proc_root))
+            config = EngineConfig(
+                driver_root=str(node.driver_root), dev_root=str(node.dev_root), proc_root=str(node.proc_root)
+            )
             info = ContainerInfo(name="main", pod_namespace="default", pod_annotations={GPU_ANNOTATION: "0"})
             request = parse_request(info, config.policy).request
             assert request is not None
             planned = make_plan(request, discover(config), config)
             pb = self.cri.pb
             self._files = {
-                "mounts": [pb.Mount(container_path=m.destination, host_path=m.source, readonly=True)
-                           for m in planned.mounts],
-                "devices": [pb.Device(container_path=d.path, host_path=str(node.dev_root / d.path.lstrip("/")),
-                                      permissions="rw") for d in planned.devices],
+                "mounts": [
+                    pb.Mount(container_path=m.destination, host_path=m.source, readonly=True) for m in planned.mounts
+                ],
+                "devices": [
+                    pb.Device(
+                        container_path=d.path, host_path=str(node.dev_root / d.path.lstrip("/")), permissions="rw"
+                    )
+                    for d in planned.devices
+                ],
             }
         return self._files
 
@@ -368,7 +385,8 @@ class RuntimeBench:
                 list(pool.map(one, range(n)))
             tail = self.containerd.log_text()[log_mark:]
             result.runtime_nri_complaints = [
-                line[:300] for line in tail.splitlines()
+                line[:300]
+                for line in tail.splitlines()
                 if "nri" in line.lower() and any(w in line.lower() for w in ("deadline", "timeout", "timed out"))
             ]
             cri.remove_all()
@@ -402,4 +420,3 @@ class RuntimeBench:
             cri.stop_pod(pod)
             cri.remove_pod(pod)
         return result
-

@@ -64,7 +64,9 @@ def with_nvml(inventory: Inventory, nvml: NvmlSnapshot | None) -> Inventory:
 
 @pytest.fixture(scope="module")
 def mig(tmp_path_factory: pytest.TempPathFactory) -> tuple[SimNode, EngineConfig, Inventory]:
-    sim = build_node(tmp_path_factory.mktemp("mig"), gpus=4, mig={2: [(2, [0, 1]), (3, [0])]}, driver_files=FIXTURE_DRIVER)
+    sim = build_node(
+        tmp_path_factory.mktemp("mig"), gpus=4, mig={2: [(2, [0, 1]), (3, [0])]}, driver_files=FIXTURE_DRIVER
+    )
     config = EngineConfig(driver_root=str(sim.driver_root), dev_root=str(sim.dev_root), proc_root=str(sim.proc_root))
     inventory = discover(config, cuda_version=lambda path: ("12.4", None), nvml=_no_nvml)
     return sim, config, inventory

@@ -403,8 +403,14 @@ def test_mig_layout_of_a_node_with_instances(tmp_path: Path) -> None:
     assert mig.monitor == MigCap("/proc/driver/nvidia/capabilities/mig/monitor", 2, 0o444)
     # The reference numbers for minor 2: gi2 291 (+ci 292-294), gi3 300/301, gi9 354/355.
     assert placements(mig) == [
-        (2, 2, None, 291), (2, 2, 0, 292), (2, 2, 1, 293), (2, 2, 2, 294),
-        (2, 3, None, 300), (2, 3, 0, 301), (2, 9, None, 354), (2, 9, 0, 355),
+        (2, 2, None, 291),
+        (2, 2, 0, 292),
+        (2, 2, 1, 293),
+        (2, 2, 2, 294),
+        (2, 3, None, 300),
+        (2, 3, 0, 301),
+        (2, 9, None, 354),
+        (2, 9, 0, 355),
     ]
     gi2 = mig.instances_of(2)[0]
     assert gi2.access == MigCap("/proc/driver/nvidia/capabilities/gpu2/mig/gi2/access", 291, 0o444)
@@ -547,7 +553,9 @@ def test_a_folder_that_cannot_be_listed_is_a_warning_not_a_failure(
     monkeypatch.setattr(Root, "listdir", listdir)
     inv = discover(config_for(node), cuda_version=no_cuda, nvml=no_nvml)
     assert [p[:3] for p in placements(inv.mig)][:2] == [(2, 2, None), (2, 3, None)]  # gi2 without its CIs
-    assert inv.warnings == (f"MIG folder skipped: cannot list /{CAPS}/gpu2/mig/gi2 under {node.proc_root}: Permission denied",)
+    assert inv.warnings == (
+        f"MIG folder skipped: cannot list /{CAPS}/gpu2/mig/gi2 under {node.proc_root}: Permission denied",
+    )
     assert fingerprint(config_for(node))[2] == ()  # the capabilities folder itself: nothing listed, no error
 
 

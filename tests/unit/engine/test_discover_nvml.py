@@ -46,11 +46,19 @@ def sim(tmp_path: Path) -> SimNode:
 def expected_snapshot(node: SimNode) -> NvmlSnapshot:
     devices = node.mig_devices()
     mig_on = set(node.mig or {})
-    return NvmlSnapshot(tuple(
-        NvmlGpu(g.index, g.uuid, g.minor, g.index in mig_on, g.index in mig_on,
-                tuple(NvmlMigDevice(d.index, d.uuid, d.gi, d.ci) for d in devices.get(g.index, ())))
-        for g in node.gpus
-    ))
+    return NvmlSnapshot(
+        tuple(
+            NvmlGpu(
+                g.index,
+                g.uuid,
+                g.minor,
+                g.index in mig_on,
+                g.index in mig_on,
+                tuple(NvmlMigDevice(d.index, d.uuid, d.gi, d.ci) for d in devices.get(g.index, ())),
+            )
+            for g in node.gpus
+        )
+    )
 
 
 def test_discovery_of_a_mig_node_fills_in_nvmls_view(sim: SimNode) -> None:
@@ -72,7 +80,9 @@ def test_the_reader_gets_the_host_path_of_the_64_bit_libnvidia_ml(sim: SimNode) 
     assert paths == [str(sim.driver_root / LIB64 / "libnvidia-ml.so.550.163.01")]
 
 
-@pytest.mark.parametrize("mig", [None, {}, {0: [], 1: []}], ids=["no-mig-folders", "mig-folders", "mig-on-no-instances"])
+@pytest.mark.parametrize(
+    "mig", [None, {}, {0: [], 1: []}], ids=["no-mig-folders", "mig-folders", "mig-on-no-instances"]
+)
 def test_a_node_without_mig_instances_never_runs_the_probe(tmp_path: Path, mig: MigSpec | None) -> None:
     node = build_node(tmp_path, gpus=2, mig=mig, driver_files=FIXTURE_DRIVER)
     inv = discover(config_for(node), cuda_version=no_cuda, nvml=never)
@@ -110,7 +120,10 @@ def test_a_reconfiguration_takes_a_new_snapshot_with_the_inventory(sim: SimNode)
     assert cache.refresh() is True
     after = cache.current.mig.nvml
     assert after is not None and after == expected_snapshot(node)
-    assert [[(d.index, d.gi, d.ci) for d in g.mig_devices] for g in after.gpus[:2]] == [[(0, 2, 0)], [(0, 1, 0), (1, 1, 1)]]
+    assert [[(d.index, d.gi, d.ci) for d in g.mig_devices] for g in after.gpus[:2]] == [
+        [(0, 2, 0)],
+        [(0, 1, 0), (1, 1, 1)],
+    ]
     assert cache.current.warnings == ()
 
 
@@ -121,7 +134,10 @@ def test_info_text_shows_mig_uuids_indexes_and_modes(sim: SimNode) -> None:
     inv = discover(config_for(sim), cuda_version=no_cuda)
     text = inventory_text(inv)
     devices = sim.mig_devices()[0]
-    assert "  GPU 0 (minor 2): enabled (NVML)\n  GPU 1 (minor 3): enabled (NVML)\n  GPU 2 (minor 0): disabled (NVML)\n" in text
+    assert (
+        "  GPU 0 (minor 2): enabled (NVML)\n  GPU 1 (minor 3): enabled (NVML)\n  GPU 2 (minor 0): disabled (NVML)\n"
+        in text
+    )
     assert "MIG instances of GPU minor 2: gi2(ci0,ci1,ci2) gi3(ci0) gi9(ci0)\n" in text
     assert f"  gpu2/mig/gi2/ci1       0:2    {devices[1].uuid}  caps 291,293\n" in text
     assert f"  gpu2/mig/gi9/ci0       0:5    {devices[4].uuid}  caps 354,355\n" in text
@@ -147,8 +163,12 @@ def test_info_text_without_nvml_shows_the_error_and_the_procfs_hint(tmp_path: Pa
 
 def test_info_text_of_a_pending_mode_change_and_an_unsupported_gpu(sim: SimNode) -> None:
     truth = expected_snapshot(sim)
-    gpus = (truth.gpus[0], dataclasses.replace(truth.gpus[1], mig_pending=False),
-            dataclasses.replace(truth.gpus[2], mig_current=None, mig_pending=None), truth.gpus[3])
+    gpus = (
+        truth.gpus[0],
+        dataclasses.replace(truth.gpus[1], mig_pending=False),
+        dataclasses.replace(truth.gpus[2], mig_current=None, mig_pending=None),
+        truth.gpus[3],
+    )
     inv = discover(config_for(sim), cuda_version=no_cuda, nvml=lambda path: (NvmlSnapshot(gpus), None))
     text = inventory_text(inv)
     assert "  GPU 1 (minor 3): enabled (NVML), disabled after the next GPU reset\n" in text
@@ -162,7 +182,9 @@ def test_info_json_adds_nvml_fields_under_mig_only(sim: SimNode) -> None:
     devices = sim.mig_devices()[0]
     gi2 = mig["gpu_instances"][0]
     assert [(c["ci"], c["uuid"], c["index"]) for c in gi2["compute_instances"]] == [
-        (0, devices[0].uuid, "0:0"), (1, devices[1].uuid, "0:2"), (2, devices[2].uuid, "0:3"),
+        (0, devices[0].uuid, "0:0"),
+        (1, devices[1].uuid, "0:2"),
+        (2, devices[2].uuid, "0:3"),
     ]
     assert mig["nvml_error"] is None
     gpu0 = mig["nvml"]["gpus"][0]
@@ -193,9 +215,17 @@ def test_plan_reports_list_mig_devices_and_the_capabilities_view(sim: SimNode) -
     plan = _mig_plan(inv, uuid=True)
     data = plan_to_dict(plan)
     uuid = sim.mig_devices()[0][1].uuid
-    assert data["mig_devices"] == [{
-        "name": uuid, "parent_index": 0, "parent_minor": 2, "gi": 2, "ci": 1, "index": "0:2", "cap_minors": [291, 293],
-    }]
+    assert data["mig_devices"] == [
+        {
+            "name": uuid,
+            "parent_index": 0,
+            "parent_minor": 2,
+            "gi": 2,
+            "ci": 1,
+            "index": "0:2",
+            "cap_minors": [291, 293],
+        }
+    ]
     assert data["start"]["proc_caps"] == ["gpu2/mig/gi2/access", "gpu2/mig/gi2/ci1/access"]
     assert "proc_caps_all" not in data["start"]
     text = plan_text(plan)
@@ -212,7 +242,12 @@ def test_plan_reports_list_mig_devices_and_the_capabilities_view(sim: SimNode) -
 
 def test_a_plan_without_mig_has_no_mig_fields() -> None:
     data = plan_to_dict(Plan())
-    assert "mig_devices" not in data and set(data["start"]) == {"visible_bus_ids", "symlinks", "ldconfig_folders", "ld_cache_entries"}
+    assert "mig_devices" not in data and set(data["start"]) == {
+        "visible_bus_ids",
+        "symlinks",
+        "ldconfig_folders",
+        "ld_cache_entries",
+    }
     assert "MIG" not in plan_text(Plan()) and "capabilities" not in plan_text(Plan())
 
 

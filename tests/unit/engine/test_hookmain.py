@@ -18,8 +18,18 @@ from tests.testbed.gpunode import SimNode, build_node
 # only the console script's dispatcher (and its package) may be imported. Nor the
 # CUDA and NVML probes the hook does not run (subprocess and selectors with them),
 # nor argparse's help formatter (shutil, bz2, lzma): the spec's form is parsed without it.
-HEAVY = ("asyncio", "google", "grpc", "tomlkit", "ssl", "engine.start.runner", "engine.cudaversion", "engine.nvml",
-         "subprocess", "shutil")
+HEAVY = (
+    "asyncio",
+    "google",
+    "grpc",
+    "tomlkit",
+    "ssl",
+    "engine.start.runner",
+    "engine.cudaversion",
+    "engine.nvml",
+    "subprocess",
+    "shutil",
+)
 ALLOWED = ("plugin", "plugin.entry")
 
 # The console script's own code (pip's wrapper calls plugin.entry.main), then
@@ -89,33 +99,52 @@ def _argparse(words: list[str]) -> argparse.Namespace:
     return parser.parse_args(words)
 
 
-SPEC = ["start-container", "--driver-root", "/d", "--dev-root", "/", "--proc-root", "/proc", "--ld-cache", "merge",
-        "--ldconfig", "/sbin/ldconfig", "--capabilities", "compute,utility"]
+SPEC = [
+    "start-container",
+    "--driver-root",
+    "/d",
+    "--dev-root",
+    "/",
+    "--proc-root",
+    "/proc",
+    "--ld-cache",
+    "merge",
+    "--ldconfig",
+    "/sbin/ldconfig",
+    "--capabilities",
+    "compute,utility",
+]
 
 
-@pytest.mark.parametrize("words", [
-    pytest.param(SPEC, id="as-the-spec-writes-it"),
-    pytest.param(["start-container", "--capabilities", "compute"], id="defaults"),
-    pytest.param([*SPEC, "--time-limit", "2.5"], id="time-limit"),
-    pytest.param(["start-container", "--capabilities", ""], id="empty-value"),
-])
+@pytest.mark.parametrize(
+    "words",
+    [
+        pytest.param(SPEC, id="as-the-spec-writes-it"),
+        pytest.param(["start-container", "--capabilities", "compute"], id="defaults"),
+        pytest.param([*SPEC, "--time-limit", "2.5"], id="time-limit"),
+        pytest.param(["start-container", "--capabilities", ""], id="empty-value"),
+    ],
+)
 def test_the_spec_form_parses_as_argparse_does(words: list[str]) -> None:
     assert hookmain.spec_form(words) == _argparse(words)
 
 
-@pytest.mark.parametrize("words", [
-    pytest.param([], id="nothing"),
-    pytest.param(["--capabilities", "compute", "start-container"], id="action-last"),
-    pytest.param(["start-container", "--capabilities=compute"], id="equals"),
-    pytest.param(["start-container", "--cap", "compute"], id="abbreviated"),
-    pytest.param(["start-container", "--capabilities", "a", "--capabilities", "b"], id="twice"),
-    pytest.param(["start-container", "--capabilities", "compute", "--time-limit", "-1"], id="dash-value"),
-    pytest.param(["start-container", "--capabilities", "compute", "--time-limit", "soon"], id="bad-limit"),
-    pytest.param(["start-container", "--capabilities", "compute", "--ld-cache", "x"], id="bad-choice"),
-    pytest.param(["start-container", "--ldconfig", "/sbin/ldconfig"], id="no-capabilities"),
-    pytest.param(["start-container", "--capabilities", "compute", "--help"], id="help"),
-    pytest.param(["start-container", "--capabilities", "compute", "extra", "x"], id="extra"),
-])
+@pytest.mark.parametrize(
+    "words",
+    [
+        pytest.param([], id="nothing"),
+        pytest.param(["--capabilities", "compute", "start-container"], id="action-last"),
+        pytest.param(["start-container", "--capabilities=compute"], id="equals"),
+        pytest.param(["start-container", "--cap", "compute"], id="abbreviated"),
+        pytest.param(["start-container", "--capabilities", "a", "--capabilities", "b"], id="twice"),
+        pytest.param(["start-container", "--capabilities", "compute", "--time-limit", "-1"], id="dash-value"),
+        pytest.param(["start-container", "--capabilities", "compute", "--time-limit", "soon"], id="bad-limit"),
+        pytest.param(["start-container", "--capabilities", "compute", "--ld-cache", "x"], id="bad-choice"),
+        pytest.param(["start-container", "--ldconfig", "/sbin/ldconfig"], id="no-capabilities"),
+        pytest.param(["start-container", "--capabilities", "compute", "--help"], id="help"),
+        pytest.param(["start-container", "--capabilities", "compute", "extra", "x"], id="extra"),
+    ],
+)
 def test_any_other_form_is_left_to_argparse(words: list[str]) -> None:
     """Its answer (a message, exit status 2, help) stays argparse's."""
     assert hookmain.spec_form(words) is None

@@ -69,8 +69,17 @@ def test_names_the_driver_cannot_make_are_not_instances() -> None:
 @pytest.mark.parametrize(
     ("gpu", "gi", "ci", "minor"),
     # nvidia-container-cli listings of real nodes (singularity#6339, #471) and the sim's table.
-    [(0, 2, None, 21), (0, 2, 0, 22), (0, 3, None, 30), (0, 4, 0, 40), (1, 2, None, 156), (1, 2, 0, 157),
-     (2, 2, None, 291), (2, 10, 0, 364), (31, 14, 7, 4322)],
+    [
+        (0, 2, None, 21),
+        (0, 2, 0, 22),
+        (0, 3, None, 30),
+        (0, 4, 0, 40),
+        (1, 2, None, 156),
+        (1, 2, 0, 157),
+        (2, 2, None, 291),
+        (2, 10, 0, 364),
+        (31, 14, 7, 4322),
+    ],
 )
 def test_the_sim_gives_the_minors_of_real_listings(gpu: int, gi: int, ci: int | None, minor: int) -> None:
     """The simulated node writes the access files discovery tests read: its minors

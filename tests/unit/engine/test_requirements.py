@@ -368,7 +368,18 @@ EIGHT = tuple(gpu(i) for i in range(8))
 REAL = "cuda>=12.8 " + " ".join(
     f"brand={b},driver>={d},driver<{d + 1}"
     for d in (470, 525, 535, 550, 560)
-    for b in ("tesla", "unknown", "nvidia", "nvidiartx", "geforce", "geforcertx", "quadro", "quadrortx", "titan", "titanrtx")
+    for b in (
+        "tesla",
+        "unknown",
+        "nvidia",
+        "nvidiartx",
+        "geforce",
+        "geforcertx",
+        "quadro",
+        "quadrortx",
+        "titan",
+        "titanrtx",
+    )
 )
 
 
@@ -378,7 +389,10 @@ REAL = "cuda>=12.8 " + " ".join(
         ([("NVIDIA_REQUIRE_CUDA", "cuda>=" + "1" * (4 << 20))], f"longer than {MAX_EXPRESSION_LENGTH}"),
         ([("NVIDIA_REQUIRE_CUDA", " ".join(["cuda>=99.0"] * 400_000))], f"longer than {MAX_EXPRESSION_LENGTH}"),
         ([("NVIDIA_REQUIRE_CUDA", ",".join(["cuda>=1.0"] * 400_000))], f"longer than {MAX_EXPRESSION_LENGTH}"),
-        ([("NVIDIA_REQUIRE_CUDA", " ".join(["cuda>=9"] * (MAX_ALTERNATIVES + 1)))], f"more than {MAX_ALTERNATIVES} alt"),
+        (
+            [("NVIDIA_REQUIRE_CUDA", " ".join(["cuda>=9"] * (MAX_ALTERNATIVES + 1)))],
+            f"more than {MAX_ALTERNATIVES} alt",
+        ),
         ([("NVIDIA_REQUIRE_CUDA", ",".join(["cuda>=1"] * 2000))], f"more than {MAX_CONDITIONS} conditions"),
         ([("NVIDIA_REQUIRE_CUDA", "cuda>=1." + "0" * 500)], f"longer than {MAX_CONDITION_LENGTH}"),
         ([(f"NVIDIA_REQUIRE_{i}", "cuda>=1") for i in range(MAX_VARIABLES + 2)], f"more than {MAX_VARIABLES}"),

@@ -11,9 +11,7 @@ from plugin.metrics import PluginMetrics
 from tests.testbed.gpunode import SimNode
 
 
-def gpu_plugin(
-    node: SimNode, starter: Any, metrics: PluginMetrics | None = None, view_check: Any = None
-) -> GpuPlugin:
+def gpu_plugin(node: SimNode, starter: Any, metrics: PluginMetrics | None = None, view_check: Any = None) -> GpuPlugin:
     """GpuPlugin reading ``node``, with a fixed CUDA version (the real probe is tested
     in test_discover) and ``starter`` in place of the namespace work (tested on runc);
     ``view_check`` (pid -> bool | None) in place of reading the pid's mountinfo."""

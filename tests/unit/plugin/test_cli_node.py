@@ -83,7 +83,9 @@ def test_plan_bad_flag_syntax(node: SimNode, capsys: pytest.CaptureFixture[str])
 def test_info_shows_the_mig_layout_and_plan_explains_a_mig_request(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    mig = build_node(tmp_path, gpus=2, mig={0: [(2, [0, 1]), (9, [])], 1: []}, driver_files=FIXTURE_DRIVER)  # GPU 0 has minor 1
+    mig = build_node(
+        tmp_path, gpus=2, mig={0: [(2, [0, 1]), (9, [])], 1: []}, driver_files=FIXTURE_DRIVER
+    )  # GPU 0 has minor 1
     assert main(["info", *mig.flags()], {}) == 0
     out = capsys.readouterr().out
     assert "MIG instances of GPU minor 1: gi2(ci0,ci1) gi9(no CIs)\n" in out

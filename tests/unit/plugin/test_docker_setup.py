@@ -272,7 +272,17 @@ def test_the_cli_asks_dockerd_for_its_version(
     fake.chmod(0o755)
     monkeypatch.setattr(setup_cli, "_spec", lambda args, argv0: (SPEC, "/"))
     monkeypatch.setattr(setup_cli.shutil, "which", lambda name: str(fake) if name == "dockerd" else None)
-    argv = ["install", "--runtime", "docker", "--config", str(daemon), "--cdi-spec", str(spec), "--dry-run", "--no-unit"]
+    argv = [
+        "install",
+        "--runtime",
+        "docker",
+        "--config",
+        str(daemon),
+        "--cdi-spec",
+        str(spec),
+        "--dry-run",
+        "--no-unit",
+    ]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "Docker version 28.5.2" in out and "on by default" in out and "dry run: nothing written" in out

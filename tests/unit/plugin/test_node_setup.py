@@ -45,9 +45,13 @@ root = "/var/lib/containerd"
 
 def _options(**changes: object) -> Options:
     values: dict[str, object] = {
-        "runtime": "containerd", "host_root": "/host", "config": "/etc/containerd/config.toml",
-        "nri_socket": "/var/run/nri/nri.sock", "runtime_socket": "/run/containerd/containerd.sock",
-        "restart_mode": RestartMode.SIGNAL, "timeout": 60.0,
+        "runtime": "containerd",
+        "host_root": "/host",
+        "config": "/etc/containerd/config.toml",
+        "nri_socket": "/var/run/nri/nri.sock",
+        "runtime_socket": "/run/containerd/containerd.sock",
+        "restart_mode": RestartMode.SIGNAL,
+        "timeout": 60.0,
     }
     values.update(changes)
     return Options(**values)  # type: ignore[arg-type]
@@ -68,8 +72,16 @@ def _options(**changes: object) -> Options:
         ({"runtime": "crio", "config": "/etc/crio/crio.conf.d"}, "CRI-O reloads"),
         ({"fail_closed": True}, "--fail-closed needs --runtime-version"),
     ],
-    ids=["docker", "relative-config", "dotdot-socket", "relative-root", "root-as-config", "no-timeout",
-         "crio-signal", "fail-closed-unknown-version"],
+    ids=[
+        "docker",
+        "relative-config",
+        "dotdot-socket",
+        "relative-root",
+        "root-as-config",
+        "no-timeout",
+        "crio-signal",
+        "fail-closed-unknown-version",
+    ],
 )
 def test_options_refused(changes: dict[str, object], says: str) -> None:
     with pytest.raises(NodeSetupError) as caught:
@@ -185,8 +197,14 @@ def test_connect_reaches_the_socket_in_the_root_and_refuses_a_file(host: Path) -
         (lambda bin_, exe: (exe.unlink(), exe.symlink_to("/bin/sh")), "/usr/bin/systemctl (under {}) is a symbolic"),
         (lambda bin_, exe: os.chmod(exe, 0o644), "is not an executable regular file"),
     ],
-    ids=["binary-not-roots", "binary-group-writable", "folder-world-writable", "folder-not-roots", "link",
-         "not-executable"],
+    ids=[
+        "binary-not-roots",
+        "binary-group-writable",
+        "folder-world-writable",
+        "folder-not-roots",
+        "link",
+        "not-executable",
+    ],
 )
 def test_a_host_binary_anyone_but_root_can_change_is_refused(host: Path, spoil: object, says: str) -> None:
     exe = host / "usr/bin/systemctl"
@@ -235,14 +253,21 @@ class StandIn:
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> int:
-        argv = [str(self.exe), "-c", _DAEMON, str(self.host / "run/containerd/containerd.sock"),
-                str(self.host / "var/run/nri/nri.sock"), str(self.host / "etc/containerd/config.toml")]
+        argv = [
+            str(self.exe),
+            "-c",
+            _DAEMON,
+            str(self.host / "run/containerd/containerd.sock"),
+            str(self.host / "var/run/nri/nri.sock"),
+            str(self.host / "etc/containerd/config.toml"),
+        ]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None and self.proc.stdout.readline() == "ready\n"
         return self.proc.pid
 
     def supervise(self, restarts: int = 1) -> threading.Thread:
         """Play the service manager: start the daemon again each time it exits."""
+
         def loop() -> None:
             for _ in range(restarts):
                 assert self.proc is not None
@@ -303,9 +328,18 @@ def test_signal_mode_turns_nri_on_restarts_once_and_a_second_run_changes_nothing
 
 def test_signal_mode_signals_only_roots_runtime(host: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The API socket's peer is not named containerd: it is not signalled, and it lives on."""
-    other = subprocess.Popen([sys.executable, "-c", _DAEMON, str(host / "run/containerd/containerd.sock"),
-                              str(host / "var/run/nri/nri.sock"), str(host / "etc/containerd/config.toml")],
-                             stdout=subprocess.PIPE, text=True)
+    other = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _DAEMON,
+            str(host / "run/containerd/containerd.sock"),
+            str(host / "var/run/nri/nri.sock"),
+            str(host / "etc/containerd/config.toml"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert other.stdout is not None and other.stdout.readline() == "ready\n"
         assert _node_setup(host, "--restart-mode", "signal") == 1
@@ -339,9 +373,7 @@ def test_mode_none_waits_for_someone_to_restart_the_runtime(
     person.join(10)
 
 
-def test_a_node_serving_nri_without_a_config_file_is_left_alone(
-    host: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_node_serving_nri_without_a_config_file_is_left_alone(host: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """containerd 2.x with no config.toml: NRI is on by default, so no file is created
     and nothing is restarted (nothing listens on the API socket: a signal would fail)."""
     (host / "etc/containerd/config.toml").unlink()
@@ -352,9 +384,7 @@ def test_a_node_serving_nri_without_a_config_file_is_left_alone(
     assert list((host / "etc/containerd").iterdir()) == []
 
 
-def test_nri_that_never_comes_is_a_bounded_wait_with_the_reason(
-    host: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_nri_that_never_comes_is_a_bounded_wait_with_the_reason(host: Path, capsys: pytest.CaptureFixture[str]) -> None:
     started = time.monotonic()
     assert _node_setup(host, "--restart-mode", "none", "--timeout", "0.5") == 1
     assert time.monotonic() - started < 5

@@ -137,7 +137,12 @@ def test_restart_only_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 @pytest.mark.parametrize(
     "args",
-    [["install"], ["install", "--runtime", "nerdctl"], ["uninstall", "--runtime", "crio", "--socket", "/x"], ["config"]],
+    [
+        ["install"],
+        ["install", "--runtime", "nerdctl"],
+        ["uninstall", "--runtime", "crio", "--socket", "/x"],
+        ["config"],
+    ],
 )
 def test_usage_errors_exit_2(args: list[str]) -> None:
     with pytest.raises(SystemExit) as exc:

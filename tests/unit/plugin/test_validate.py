@@ -217,9 +217,7 @@ def test_validating_a_container_asking_for_nothing_is_cheap(node: SimNode) -> No
     assert plugin._answered == {}
 
 
-def test_an_older_runtime_without_validation_is_logged_as_info(
-    node: SimNode, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_an_older_runtime_without_validation_is_logged_as_info(node: SimNode, caplog: pytest.LogCaptureFixture) -> None:
     async def body(rt: FakeRuntime, stub: Stub) -> None:
         pass
 

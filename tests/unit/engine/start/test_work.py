@@ -94,4 +94,7 @@ def test_identity_blind_spots_name_what_cannot_be_looked_at(monkeypatch: pytest.
 
     monkeypatch.setattr(actions, "_NOT_CONTAINERS", (("/proc/self", "the plugin's"), ("/proc/0", "pid 0's")))
     blind = actions.identity_blind_spots()
-    assert blind == ["/proc/0/root, pid 0's: No such file or directory", "/proc/0/ns/mnt, pid 0's: No such file or directory"]
+    assert blind == [
+        "/proc/0/root, pid 0's: No such file or directory",
+        "/proc/0/ns/mnt, pid 0's: No such file or directory",
+    ]
