@@ -32,7 +32,7 @@ instead of a value; it is read at scrape time and must be cheap (the stub's
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from prometheus_client import (
     CONTENT_TYPE_PLAIN_0_0_4,
@@ -135,16 +135,6 @@ class PluginMetrics:
 
     def step(self, step: str, seconds: float) -> None:
         self.steps.labels(step).observe(seconds)
-
-    def plan_timings(self, timings_ms: Mapping[str, float]) -> None:
-        """CreateContainer's parts: ``request``, ``plan``, ``adjustment``."""
-        for name, ms in timings_ms.items():
-            self.steps.labels(f"{STEP_PLAN}/{name}").observe(ms / 1000)
-
-    def start_timings(self, timings_ms: Mapping[str, float]) -> None:
-        """The start engine's ``StartReport.timings_ms``."""
-        for name, ms in timings_ms.items():
-            self.steps.labels(f"{STEP_START}/{name}").observe(ms / 1000)
 
     def value(self, sample: str, **labels: str) -> float:
         """A sample's value as a scrape would read it (``nri_gpu_errors_total``,

@@ -119,25 +119,6 @@ def test_a_step_histogram_has_the_buckets_cumulative_with_inf_sum_and_count() ->
     assert count == 4 and total == pytest.approx(3.0048)
 
 
-def test_timings_in_ms_become_seconds_under_their_prefixed_step() -> None:
-    metrics = PluginMetrics()
-    metrics.plan_timings({"request": 0.2, "plan": 0.3, "adjustment": 0.1})
-    metrics.start_timings({"procfs isolation": 1.5, "total": 4.0})
-    _, samples = scrape(metrics)["nri_gpu_step_duration_seconds"]
-    assert {s.labels["step"] for s in samples} == {
-        "plan/request",
-        "plan/plan",
-        "plan/adjustment",
-        "start/procfs isolation",
-        "start/total",
-    }
-    buckets, total, count = steps(metrics, "start/procfs isolation")
-    assert dict(buckets)[0.001] == 0 and dict(buckets)[0.0025] == 1
-    assert count == 1 and total == pytest.approx(0.0015)
-    assert steps(metrics, "start/total")[1] == pytest.approx(0.004)
-    assert steps(metrics, "plan/plan")[1] == pytest.approx(0.0003)
-
-
 def test_counters_and_gauges_the_stub_and_handlers_drive() -> None:
     metrics = PluginMetrics()
     metrics.gpus_allocated.inc(2)
