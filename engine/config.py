@@ -8,6 +8,7 @@ Every value is validated here and a bad one is reported with its key.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import posixpath
 import re
 from collections.abc import Mapping
@@ -35,7 +36,16 @@ class EngineConfigError(EngineError, ValueError):
 
 
 _ROOT_KEYS = ("driver_root", "dev_root", "proc_root", "ldconfig", "host_root")
-LD_CACHE_MODES = ("merge", "rebuild")
+
+
+class LdCache(enum.StrEnum):
+    """``engine.ld_cache``: how a GPU container's ld.so.cache gets the driver libraries."""
+
+    MERGE = "merge"  # inserted into the image's own cache; no process runs
+    REBUILD = "rebuild"  # the trusted ldconfig rebuilds it, as the toolkit does
+
+
+LD_CACHE_MODES = tuple(mode.value for mode in LdCache)  # the names a file or flag may give
 EQUIPPED_MODES = ("stand-aside", "complete")  # policy.equipped_containers
 
 
@@ -135,7 +145,7 @@ class EngineConfig:
     proc_root: str = "/proc"
     ldconfig: str = "/sbin/ldconfig"
     host_root: str = "/"
-    ld_cache: str = "merge"
+    ld_cache: LdCache = LdCache.MERGE
     mps: bool = False
     policy: Policy = dataclasses.field(default_factory=Policy)
 
@@ -153,8 +163,10 @@ class EngineConfig:
             raise EngineConfigError(f"engine.mps: expected true or false, got {_shown(self.mps)}")
         if self.ld_cache not in LD_CACHE_MODES:
             raise EngineConfigError(
-                f"engine.ld_cache: {self.ld_cache!r} is not one of {', '.join(repr(m) for m in LD_CACHE_MODES)}"
+                f"engine.ld_cache: {_shown(self.ld_cache)} is not one of {', '.join(repr(m) for m in LD_CACHE_MODES)}"
             )
+        # A file or a flag gives the name; everything after compares the member.
+        object.__setattr__(self, "ld_cache", LdCache(self.ld_cache))
 
     def to_host_path(self, path: str) -> str:
         """``path`` as seen by us -> the same file as the runtime on the host sees it.

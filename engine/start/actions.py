@@ -46,6 +46,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from engine.config import LdCache
 from engine.start import appprofile, cgroup, compat, ipc, ldconfig, links, mountinfo, procsource, procview, syscalls
 from engine.start.rootdir import RootDir
 from engine.start.work import StartReport, StartWork, WorkError
@@ -161,7 +162,7 @@ def perform_in_bundle(
         if work.ipc:
             with step("IPC endpoints"):
                 host.ipc_seen = ipc.on_host(work)  # the hook sees the host's paths as they are
-        if work.ldconfig_folders and work.ld_cache == "rebuild":
+        if work.ldconfig_folders and work.ld_cache is LdCache.REBUILD:
             with step("ldconfig"):
                 host.trusted = _trusted_here(root, rootfs, ldconfig_path)
         _take_proc_source(host, work, step)
@@ -246,7 +247,7 @@ def _open_host(pid: int, work: StartWork, step: _Steps, ldconfig_path: str) -> t
         if work.ipc:
             with step("IPC endpoints"):
                 host.ipc_seen = ipc.on_host(work)
-        if work.ldconfig_folders and work.ld_cache == "rebuild":
+        if work.ldconfig_folders and work.ld_cache is LdCache.REBUILD:
             with step("ldconfig"):
                 host.trusted = _trusted(proc, ldconfig_path)
         _take_proc_source(host, work, step)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.catalogue import IPC_TYPES
-from engine.config import LD_CACHE_MODES
+from engine.config import LD_CACHE_MODES, LdCache
 from engine.migfs import compute_instance_id, gpu_dir_minor, gpu_instance_id
 from engine.model import LdCacheEntry, Plan, Symlink
 
@@ -46,7 +46,7 @@ class StartWork:
     ldconfig_folders: tuple[str, ...]
     proc_source: str | None = None
     ld_cache_entries: tuple[LdCacheEntry, ...] = ()  # inserted into the image's cache ("merge")
-    ld_cache: str = "merge"  # or "rebuild": the trusted ldconfig rebuilds the cache
+    ld_cache: LdCache = LdCache.MERGE  # or REBUILD: the trusted ldconfig rebuilds the cache
     # The runtime's linux.cgroupsPath of the container: its pid must be in that
     # cgroup ("" when not known: not checked).
     cgroups_path: str = ""
@@ -76,6 +76,7 @@ class StartWork:
     def __post_init__(self) -> None:
         if self.ld_cache not in LD_CACHE_MODES:
             raise ValueError(f"ld_cache {self.ld_cache!r}: expected one of {LD_CACHE_MODES}")
+        object.__setattr__(self, "ld_cache", LdCache(self.ld_cache))
         for bus in self.visible_bus_ids:
             # Used as one path component under gpus/: anything else is a bug upstream.
             if not bus or "/" in bus or bus in (".", "..") or "\0" in bus:
@@ -137,7 +138,7 @@ def start_work(
     plan: Plan,
     container: str,
     proc_root: str,
-    ld_cache: str = "merge",
+    ld_cache: LdCache = LdCache.MERGE,
     cgroups_path: str = "",
     *,
     driver_root: str = "/",
