@@ -23,7 +23,6 @@ failed CreateContainer.
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import importlib
 import importlib.metadata
@@ -41,6 +40,8 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
+from plugin.ttrpc.errors import Code as StatusCode  # gRPC's codes, by the same names: ttrpc reuses them
+
 from . import debs
 from .cache import cache_dir, locked
 from .grpc_process import GrpcChannel, RpcFailure
@@ -55,28 +56,6 @@ _DEFAULT_CGROUP_PARENT = "/nri-gpu-e2e"
 # NamespaceMode values of the CRI proto (POD=0, CONTAINER=1, NODE=2, TARGET=3).
 _NS_CONTAINER, _NS_NODE = 1, 2
 _SERVICES = {"runtime": "RuntimeService", "images": "ImageService"}
-
-
-class StatusCode(enum.Enum):
-    """gRPC's status codes (``grpc.StatusCode``, whose names they have), without gRPC."""
-
-    OK = 0
-    CANCELLED = 1
-    UNKNOWN = 2
-    INVALID_ARGUMENT = 3
-    DEADLINE_EXCEEDED = 4
-    NOT_FOUND = 5
-    ALREADY_EXISTS = 6
-    PERMISSION_DENIED = 7
-    RESOURCE_EXHAUSTED = 8
-    FAILED_PRECONDITION = 9
-    ABORTED = 10
-    OUT_OF_RANGE = 11
-    UNIMPLEMENTED = 12
-    INTERNAL = 13
-    UNAVAILABLE = 14
-    DATA_LOSS = 15
-    UNAUTHENTICATED = 16
 
 
 class CriError(RuntimeError):
