@@ -2,4 +2,182 @@
 
 Independent of NRI and of ``plugin`` (never imports it): the plugin turns NRI
 messages into engine calls and engine plans into NRI adjustments.
+
+This package is the engine's one front door: ``plugin`` imports every name it
+uses from ``engine`` (``from engine import parse_request``), never from a
+submodule (``tests/test_layering.py`` holds it to that); the engine's own
+modules import each other directly. The names are loaded on first use
+(PEP 562): the CDI hook imports ``engine.hookmain`` at every GPU container's
+start and must not pay for the planner, the NRI path's forked runner (asyncio)
+or the CUDA and NVML probes. ``import engine`` alone imports no submodule.
+
+Three names differ from their module's (``make_plan`` is ``engine.plan.plan``,
+``discover_inventory`` is ``engine.discover.discover``, ``find_equipped`` is
+``engine.equipped.equipped``): once a submodule is imported, Python binds its
+name on the package, which would shadow an export of the same name.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names as the type checker sees them; loaded lazily below
+    from engine.cdi import HookCommand, cdi_spec, hook_command, spec_warnings
+    from engine.config import LD_CACHE_MODES, EngineConfig, EngineConfigError, Policy
+    from engine.config import from_tables as config_from_tables
+    from engine.discover import InventoryCache, current_ipc
+    from engine.discover import discover as discover_inventory
+    from engine.equipped import Source, cdi_names, completion, conflict, nvidia_nri_annotation
+    from engine.equipped import equipped as find_equipped
+    from engine.errors import EngineError, RequestError, StartError, UnknownDeviceError
+    from engine.hookmain import add_arguments as add_hook_arguments
+    from engine.hookmain import main as hook_main
+    from engine.hookmain import run as run_hook
+    from engine.model import Capability, DriverFile, Inventory, Plan
+    from engine.plan import ipc_in_mounts
+    from engine.plan import plan as make_plan
+    from engine.report import inventory_text, inventory_to_dict, plan_text, plan_to_dict
+    from engine.request import (
+        CONTAINER_ANNOTATION_PREFIX,
+        DRIVER_CAPABILITIES,
+        MAX_DEVICE_NODES,
+        MAX_LIST_ENTRIES,
+        MAX_REQUEST_ENV,
+        POD_ANNOTATION,
+        VOLUME_MARKER_DIR,
+        ContainerInfo,
+        GpuRequest,
+        may_request,
+        parse_capabilities,
+        parse_request,
+    )
+    from engine.selection import UnknownMigDeviceError
+    from engine.start.actions import identity_blind_spots
+    from engine.start.runner import find_init_pid, run_start_async, shows_driver_view
+    from engine.start.syscalls import open_in_root
+    from engine.start.work import start_work
+
+
+def _names(module: str, *names: str) -> dict[str, tuple[str, str]]:
+    return {name: (module, name) for name in names}
+
+
+# Exported name -> (module, name there).
+_EXPORTS: dict[str, tuple[str, str]] = {
+    # Configuration: the config file's [engine] and [policy] tables, validated.
+    **_names("engine.config", "EngineConfig", "EngineConfigError", "Policy", "LD_CACHE_MODES"),
+    "config_from_tables": ("engine.config", "from_tables"),
+    # Errors: the plugin maps EngineError to the runtime's error status.
+    **_names("engine.errors", "EngineError", "RequestError", "StartError", "UnknownDeviceError"),
+    "UnknownMigDeviceError": ("engine.selection", "UnknownMigDeviceError"),
+    # The node's inventory, and the cache that takes it again when the node changes.
+    "discover_inventory": ("engine.discover", "discover"),
+    **_names("engine.discover", "InventoryCache", "current_ipc"),
+    **_names("engine.model", "Capability", "DriverFile", "Inventory", "Plan"),
+    # The request parser, its pre-filter and the request's wire names (the
+    # plugin reads only the annotations and env the parser would).
+    **_names(
+        "engine.request",
+        "ContainerInfo",
+        "GpuRequest",
+        "parse_request",
+        "parse_capabilities",
+        "may_request",
+        "CONTAINER_ANNOTATION_PREFIX",
+        "DRIVER_CAPABILITIES",
+        "MAX_DEVICE_NODES",
+        "MAX_LIST_ENTRIES",
+        "MAX_REQUEST_ENV",
+        "POD_ANNOTATION",
+        "VOLUME_MARKER_DIR",
+    ),
+    # The planner, and what a container already has from another source.
+    "make_plan": ("engine.plan", "plan"),
+    "ipc_in_mounts": ("engine.plan", "ipc_in_mounts"),
+    "find_equipped": ("engine.equipped", "equipped"),
+    **_names("engine.equipped", "Source", "cdi_names", "completion", "conflict", "nvidia_nri_annotation"),
+    # `nri-gpu inventory` and `nri-gpu plan`'s text and JSON.
+    **_names("engine.report", "inventory_text", "inventory_to_dict", "plan_text", "plan_to_dict"),
+    # The start work and its runner (NRI StartContainer).
+    "start_work": ("engine.start.work", "start_work"),
+    **_names("engine.start.runner", "find_init_pid", "run_start_async", "shows_driver_view"),
+    "identity_blind_spots": ("engine.start.actions", "identity_blind_spots"),
+    # The CDI spec builder, and the hook's command line the spec runs.
+    **_names("engine.cdi", "HookCommand", "cdi_spec", "hook_command", "spec_warnings"),
+    "add_hook_arguments": ("engine.hookmain", "add_arguments"),
+    "hook_main": ("engine.hookmain", "main"),
+    "run_hook": ("engine.hookmain", "run"),
+    # node-setup looks up the host's paths as the start work does the
+    # container's: openat2 confined to a root.
+    "open_in_root": ("engine.start.syscalls", "open_in_root"),
+}
+
+__all__ = [
+    "CONTAINER_ANNOTATION_PREFIX",
+    "DRIVER_CAPABILITIES",
+    "LD_CACHE_MODES",
+    "MAX_DEVICE_NODES",
+    "MAX_LIST_ENTRIES",
+    "MAX_REQUEST_ENV",
+    "POD_ANNOTATION",
+    "VOLUME_MARKER_DIR",
+    "Capability",
+    "ContainerInfo",
+    "DriverFile",
+    "EngineConfig",
+    "EngineConfigError",
+    "EngineError",
+    "GpuRequest",
+    "HookCommand",
+    "Inventory",
+    "InventoryCache",
+    "Plan",
+    "Policy",
+    "RequestError",
+    "Source",
+    "StartError",
+    "UnknownDeviceError",
+    "UnknownMigDeviceError",
+    "add_hook_arguments",
+    "cdi_names",
+    "cdi_spec",
+    "completion",
+    "config_from_tables",
+    "conflict",
+    "current_ipc",
+    "discover_inventory",
+    "find_equipped",
+    "find_init_pid",
+    "hook_command",
+    "hook_main",
+    "identity_blind_spots",
+    "inventory_text",
+    "inventory_to_dict",
+    "ipc_in_mounts",
+    "make_plan",
+    "may_request",
+    "nvidia_nri_annotation",
+    "open_in_root",
+    "parse_capabilities",
+    "parse_request",
+    "plan_text",
+    "plan_to_dict",
+    "run_hook",
+    "run_start_async",
+    "shows_driver_view",
+    "spec_warnings",
+    "start_work",
+]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attribute = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}") from None
+    return getattr(importlib.import_module(module), attribute)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

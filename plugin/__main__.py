@@ -19,13 +19,21 @@ import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from engine.config import EngineConfig, EngineConfigError
-from engine.discover import InventoryCache, discover
-from engine.errors import EngineError
-from engine.plan import plan
-from engine.report import inventory_text, inventory_to_dict, plan_text, plan_to_dict
-from engine.request import ContainerInfo, parse_request
-from engine.start.actions import identity_blind_spots
+from engine import (
+    ContainerInfo,
+    EngineConfig,
+    EngineConfigError,
+    EngineError,
+    InventoryCache,
+    discover_inventory,
+    identity_blind_spots,
+    inventory_text,
+    inventory_to_dict,
+    make_plan,
+    parse_request,
+    plan_text,
+    plan_to_dict,
+)
 from plugin import cdi_cli, cdi_keeper, cli_args, setup_cli
 from plugin.cdi_keeper import WatchedInventory
 from plugin.config import (
@@ -217,7 +225,7 @@ def _pairs(values: Sequence[str], flag: str) -> dict[str, str]:
 
 
 def _info(args: argparse.Namespace, engine: EngineConfig) -> int:
-    inventory = discover(engine)
+    inventory = discover_inventory(engine)
     if args.json:
         print(json.dumps(inventory_to_dict(inventory), indent=2))
     else:
@@ -240,7 +248,7 @@ def _plan(args: argparse.Namespace, engine: EngineConfig) -> int:
         if outcome.request is None:
             print(json.dumps(None) if args.json else "No GPU request: the container gets nothing.")
             return 0
-        result = plan(outcome.request, discover(engine), engine)
+        result = make_plan(outcome.request, discover_inventory(engine), engine)
     except EngineError as exc:
         print(f"nri-gpu: refused: {exc}", file=sys.stderr)
         return 1

@@ -10,7 +10,7 @@ would hide the operator's mistake.
 
 from __future__ import annotations
 
-from engine.model import Plan
+from engine import Plan
 from plugin._proto import nri_pb2 as api
 from plugin.errors import PluginError
 from plugin.request import first_values

@@ -24,13 +24,21 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from engine import hookmain
-from engine.cdi import HookCommand, cdi_spec, hook_command, spec_warnings
-from engine.config import LD_CACHE_MODES, EngineConfig
-from engine.discover import discover
-from engine.errors import EngineError
-from engine.model import Capability, Inventory
-from engine.request import parse_capabilities
+from engine import (
+    LD_CACHE_MODES,
+    Capability,
+    EngineConfig,
+    EngineError,
+    HookCommand,
+    Inventory,
+    add_hook_arguments,
+    cdi_spec,
+    discover_inventory,
+    hook_command,
+    parse_capabilities,
+    run_hook,
+    spec_warnings,
+)
 from plugin import cli_args
 from plugin.cdi_conflicts import conflicts
 from plugin.config_files import FileRefused, Folder
@@ -61,7 +69,7 @@ def add_commands(
     cdi.set_defaults(func=generate_command)
 
     hook = commands.add_parser("hook", help="OCI hooks run by the runtime (written into the CDI spec)")
-    hookmain.add_arguments(hook)
+    add_hook_arguments(hook)
     hook.set_defaults(func=start_container)
 
 
@@ -98,7 +106,7 @@ def generate(args: argparse.Namespace, engine: EngineConfig, argv0: str) -> int:
     try:
         caps = capabilities(args.capabilities, engine)
         hook = hook_command(hook_path, engine, caps)
-        inventory = discover(engine)
+        inventory = discover_inventory(engine)
         text = spec_text(inventory, engine, caps, hook)
     except (EngineError, ValueError) as exc:
         print(f"nri-gpu: {exc}", file=sys.stderr)
@@ -158,4 +166,4 @@ def start_container(args: argparse.Namespace, environ: Mapping[str, str]) -> int
     """``hook start-container``: everything comes from the arguments the CDI spec holds,
     no config file, no environment (the ``nri-gpu`` console script sends it to
     ``engine.hookmain`` without importing this module)."""
-    return hookmain.run(args, sys.stdin)
+    return run_hook(args, sys.stdin)

@@ -33,11 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.cdi import hook_command, spec_warnings
-from engine.config import EngineConfig
-from engine.discover import InventoryCache
-from engine.errors import EngineError
-from engine.model import Inventory
+from engine import EngineConfig, EngineError, Inventory, InventoryCache, hook_command, spec_warnings
 from plugin.cdi_cli import capabilities, own_path, spec_text
 from plugin.cdi_conflicts import SPEC_DIRS, conflicts
 from plugin.config import CdiConfig

@@ -16,7 +16,7 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
-from engine.config import EngineConfig, EngineConfigError, from_tables
+from engine import EngineConfig, EngineConfigError, config_from_tables
 from plugin.logfmt import DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL, LOG_FORMATS, LOG_LEVELS
 
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"
@@ -197,7 +197,7 @@ def from_toml(text: str, *, source: str = "config") -> Settings:
             raise ConfigError(f"{source}: {name!r} must be a table")
         tables[name] = table
     try:
-        engine = from_tables(tables["engine"], tables["policy"])
+        engine = config_from_tables(tables["engine"], tables["policy"])
     except EngineConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from exc
     return Settings(from_mapping(tables["plugin"]), engine, cdi_from_mapping(tables["cdi"]))

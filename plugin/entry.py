@@ -21,7 +21,7 @@ def main() -> int:
         # without the cyclic collector, which its imports (classes by the dozen)
         # would set off again and again, it starts ~2 ms sooner (hack/bench).
         gc.disable()
-        from engine.hookmain import main as hook_main
+        from engine import hook_main
 
         return hook_main(sys.argv[2:])
     from plugin.__main__ import main as cli_main

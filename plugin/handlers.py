@@ -15,17 +15,35 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from engine.config import EngineConfig
-from engine.discover import InventoryCache, current_ipc
-from engine.equipped import Source, cdi_names, completion, conflict, equipped, nvidia_nri_annotation
-from engine.errors import EngineError, StartError, UnknownDeviceError
-from engine.model import DriverFile, Inventory, Plan
-from engine.plan import ipc_in_mounts
-from engine.plan import plan as make_plan
-from engine.request import DRIVER_CAPABILITIES, ContainerInfo, GpuRequest, parse_capabilities, parse_request
-from engine.selection import UnknownMigDeviceError
-from engine.start.runner import find_init_pid, run_start_async, shows_driver_view
-from engine.start.work import start_work
+from engine import (
+    DRIVER_CAPABILITIES,
+    ContainerInfo,
+    DriverFile,
+    EngineConfig,
+    EngineError,
+    GpuRequest,
+    Inventory,
+    InventoryCache,
+    Plan,
+    Source,
+    StartError,
+    UnknownDeviceError,
+    UnknownMigDeviceError,
+    cdi_names,
+    completion,
+    conflict,
+    current_ipc,
+    find_equipped,
+    find_init_pid,
+    ipc_in_mounts,
+    make_plan,
+    nvidia_nri_annotation,
+    parse_capabilities,
+    parse_request,
+    run_start_async,
+    shows_driver_view,
+    start_work,
+)
 from plugin import budget
 from plugin._proto import nri_pb2 as api
 from plugin.adjustment import GPUS_ANNOTATION, to_adjustment
@@ -167,7 +185,7 @@ class GpuPlugin:
         inventory = self._inventory.current()
         names = cdi_names({**pod.annotations, **container.annotations}, (d.name for d in container.CDI_devices))
         mounted = {m.destination for m in container.mounts}
-        have = equipped(info.devices, mounted, names, inventory)
+        have = find_equipped(info.devices, mounted, names, inventory)
         if have is None:
             return planned
         if planned is not None:

@@ -24,8 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from engine.discover import InventoryCache
-from engine.model import Inventory
+from engine import Inventory, InventoryCache
 from plugin.budget import DEFAULT_REQUEST
 from plugin.offloop import in_thread
 

@@ -23,11 +23,10 @@ import socket
 import stat
 from types import TracebackType
 
-from engine.start import syscalls
+from engine import open_in_root
 
 __all__ = ["NodeRoot", "NodeRootError", "relative"]
 
-_IN_ROOT = syscalls.RESOLVE_IN_ROOT | syscalls.RESOLVE_NO_MAGICLINKS
 _WALK = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC  # O_PATH opens no device or FIFO; a link gives the link
 
 
@@ -72,7 +71,7 @@ class NodeRoot:
         """A descriptor of ``node_path``, links followed inside the root only. The caller
         closes it. Raises FileNotFoundError when it is not there, NodeRootError otherwise."""
         try:
-            return syscalls.openat2(self.fd, relative(node_path), flags | os.O_CLOEXEC, 0, _IN_ROOT)
+            return open_in_root(self.fd, relative(node_path), flags | os.O_CLOEXEC)
         except FileNotFoundError:
             raise
         except OSError as exc:

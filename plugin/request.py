@@ -19,9 +19,7 @@ markers as soon as it counts past the bound, before building anything bigger.
 
 from __future__ import annotations
 
-from engine.config import Policy
-from engine.errors import RequestError
-from engine.request import (
+from engine import (
     CONTAINER_ANNOTATION_PREFIX,
     MAX_DEVICE_NODES,
     MAX_LIST_ENTRIES,
@@ -29,8 +27,10 @@ from engine.request import (
     POD_ANNOTATION,
     VOLUME_MARKER_DIR,
     ContainerInfo,
+    Policy,
+    RequestError,
 )
-from engine.request import may_request as _may_request
+from engine import may_request as _may_request
 from plugin._proto import nri_pb2 as api
 
 _MARKER_PREFIX = VOLUME_MARKER_DIR + "/"

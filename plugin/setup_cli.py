@@ -218,9 +218,7 @@ def _spec(args: argparse.Namespace, argv0: str) -> tuple[str, str] | None:
     """The spec ``cdi generate`` would write and the driver root on the host (None, with
     the reason printed, when refused)."""
     # Imported here: the CDI path pulls in the engine, which containerd and CRI-O setup never need.
-    from engine.cdi import hook_command
-    from engine.discover import discover
-    from engine.errors import EngineError
+    from engine import EngineError, discover_inventory, hook_command
     from plugin import cdi_cli
 
     try:
@@ -241,7 +239,7 @@ def _spec(args: argparse.Namespace, argv0: str) -> tuple[str, str] | None:
         return None
     try:
         caps = cdi_cli.capabilities(args.capabilities, engine)
-        inventory = discover(engine)
+        inventory = discover_inventory(engine)
         text = cdi_cli.spec_text(inventory, engine, caps, hook_command(hook_path, engine, caps))
     except (EngineError, ValueError) as exc:
         print(f"nri-gpu: {exc}", file=sys.stderr)

@@ -51,6 +51,7 @@ __all__ = [
     "mount_setattr",
     "move_mount",
     "no_new_privs",
+    "open_in_root",
     "open_tree",
     "openat2",
     "parent_death_signal",
@@ -193,6 +194,13 @@ def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = 0) 
         _call("openat2", ctypes.c_int(dirfd), ctypes.c_char_p(_path(path)), ctypes.byref(how), ctypes.c_size_t(24)),
         f"openat2({path!r})",
     )
+
+
+def open_in_root(dirfd: int, path: str, flags: int) -> int:
+    """``path`` opened as if ``dirfd`` were ``/``: an absolute link starts again at
+    ``dirfd``, ``..`` never climbs above it, no magic link (``/proc/self/fd/N``) is
+    followed. For a tree whose links are not ours (a container's, the host's)."""
+    return openat2(dirfd, path, flags, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
 
 
 def open_tree(dirfd: int, path: str, flags: int) -> int:
