@@ -1,6 +1,9 @@
 """The dependency rules of the layout, checked on the source (no imports run).
 
 - ``engine`` never imports ``plugin``: the engine must stay usable on its own.
+- ``plugin`` uses the engine through its front door, the names ``engine/__init__.py``
+  exports (``from engine import parse_request``), never a submodule: what the
+  plugin may depend on is that list, and the engine's modules stay free to move.
 - ``plugin.ttrpc`` is generic: it imports nothing of NRI, the stub or the engine.
 - modules marked ``(pure)`` in their docstring import no I/O modules, so they
   stay testable with plain values and cannot block the event loop.
@@ -46,6 +49,60 @@ def rel(path: Path) -> str:
 def test_engine_never_imports_plugin(path: Path) -> None:
     bad = {m for m in imports_of(path) if m == "plugin" or m.startswith("plugin.")}
     assert not bad, f"{rel(path)} imports {sorted(bad)}"
+
+
+def engine_exports() -> set[str]:
+    """``engine.__all__``, read from the source (importing the engine is not this test's business)."""
+    tree = ast.parse((ROOT / "engine" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            value = ast.literal_eval(node.value)
+            assert isinstance(value, list)
+            return set(value)
+    raise AssertionError("engine/__init__.py has no literal __all__")
+
+
+def engine_imports_beside_the_front_door(path: Path) -> set[str]:
+    """What ``path`` takes from the engine other than its exported names:
+    ``import engine.x``, ``from engine.x import y``, and ``from engine import z``
+    where ``z`` is not in ``engine.__all__`` (a submodule, or a name not exported)."""
+    exported = engine_exports()
+    bad: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            bad.update(a.name for a in node.names if a.name.startswith("engine."))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.startswith("engine."):
+                bad.add(node.module)
+            elif node.module == "engine":
+                bad.update(f"engine.{a.name}" for a in node.names if a.name not in exported)
+    return bad
+
+
+def test_engine_exports_are_read() -> None:
+    assert {"parse_request", "may_request", "make_plan", "InventoryCache", "start_work", "cdi_spec"} <= engine_exports()
+
+
+@pytest.mark.parametrize("path", list(modules("plugin")), ids=rel)
+def test_plugin_uses_only_the_engines_front_door(path: Path) -> None:
+    bad = engine_imports_beside_the_front_door(path)
+    assert not bad, f"{rel(path)} imports {sorted(bad)}: import the name from engine, exported there"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from engine.plan import plan\n",
+        "import engine.discover\n",
+        "from engine import hookmain\n",
+        "def f():\n    from engine.start import runner\n",
+    ],
+    ids=["from-submodule", "import-submodule", "submodule-from-package", "inside-a-function"],
+)
+def test_the_front_door_check_sees_a_submodule_import(tmp_path: Path, source: str) -> None:
+    path = tmp_path / "violation.py"
+    path.write_text("from engine import make_plan\n" + source)
+    assert engine_imports_beside_the_front_door(path)
 
 
 @pytest.mark.parametrize("path", list(modules("plugin/ttrpc")), ids=rel)
