@@ -79,7 +79,8 @@ class _Steps:
         self._on_step = on_step
 
     @contextlib.contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
+    def step(self, name: str) -> Iterator[None]:
+        """``with steps.step(name):`` runs one step under that name."""
         if self._on_step is not None:
             self._on_step(name)  # so a worker killed on timeout can be reported with its step
         start = time.perf_counter()
@@ -117,9 +118,9 @@ def perform(
     """Do ``work`` in the container whose init process is ``pid``; ``on_step`` hears
     each step's name as it starts. Raises ``StepFailed``."""
     started = time.perf_counter()
-    step = _Steps(on_step)
-    with step("enter"):
-        mntns, host, roots = _open_host(pid, work, step, ldconfig_path)
+    steps = _Steps(on_step)
+    with steps.step("enter"):
+        mntns, host, roots = _open_host(pid, work, steps, ldconfig_path)
         # Joining a mount namespace needs a root and cwd no other thread shares
         # (EINVAL otherwise). The worker is a fork, with one thread and its own
         # copy of them; a thread some at-fork handler started would make this
@@ -128,7 +129,7 @@ def perform(
         root = RootDir.current()
         for seen, whose in roots:
             _refuse_host_root(root, seen, f"process {pid} has {whose} root: not a container")
-    return _steps(root, host, work, step, deadline, started)
+    return _steps(root, host, work, steps, deadline, started)
 
 
 def perform_in_bundle(
@@ -149,8 +150,8 @@ def perform_in_bundle(
     with ``chroot`` as well. Raises ``StepFailed``.
     """
     started = time.perf_counter()
-    step = _Steps(on_step)
-    with step("enter"):
+    steps = _Steps(on_step)
+    with steps.step("enter"):
         try:
             fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError as exc:
@@ -160,13 +161,13 @@ def perform_in_bundle(
             _refuse_host_root(root, seen, f"container root {rootfs} is {whose} root")
         host = _Host(procsource.source_for(work.proc_source))
         if work.ipc:
-            with step("IPC endpoints"):
+            with steps.step("IPC endpoints"):
                 host.ipc_seen = ipc.on_host(work)  # the hook sees the host's paths as they are
         if work.ldconfig_folders and work.ld_cache is LdCache.REBUILD:
-            with step("ldconfig"):
+            with steps.step("ldconfig"):
                 host.trusted = _trusted_here(root, rootfs, ldconfig_path)
-        _take_proc_source(host, work, step)
-    return _steps(root, host, work, step, deadline, started)
+        _take_proc_source(host, work, steps)
+    return _steps(root, host, work, steps, deadline, started)
 
 
 def _refuse_host_root(root: RootDir, host_root: os.stat_result, message: str) -> None:
@@ -175,14 +176,14 @@ def _refuse_host_root(root: RootDir, host_root: os.stat_result, message: str) ->
         raise WorkError(message)
 
 
-def _steps(live: RootDir, host: _Host, work: StartWork, step: _Steps, deadline: float, started: float) -> StartReport:
+def _steps(live: RootDir, host: _Host, work: StartWork, steps: _Steps, deadline: float, started: float) -> StartReport:
     """The steps proper, in the container's root ``live`` (see the module doc)."""
     if host.ipc_seen:
-        with step("IPC endpoints"):
+        with steps.step("IPC endpoints"):
             ipc.check(live, host.ipc_seen)
-    with step("root copy"):
+    with steps.step("root copy"):
         copy = live.detached_copy()
-    with step("procfs isolation"):
+    with steps.step("procfs isolation"):
         try:
             procfs = procview.isolate(
                 live,
@@ -195,36 +196,36 @@ def _steps(live: RootDir, host: _Host, work: StartWork, step: _Steps, deadline: 
         finally:
             host.proc_source.close()  # what was taken on the host and not used (a view kept)
     written = False
-    with step("symlinks"):
+    with steps.step("symlinks"):
         links.create(copy, work.symlinks)
     if work.app_profile:
-        with step("application profile"):
+        with steps.step("application profile"):
             appprofile.write(copy, work.app_profile)
     found = compat.Compat()
     if work.ldconfig_folders and work.cuda_compat:
-        with step("CUDA compat"):
+        with steps.step("CUDA compat"):
             found = compat.check(copy, work.driver_version)
     if work.ldconfig_folders:
         # The compat folder's entries go in after the driver's: each goes before
         # its ties, so before the driver's library of the same name.
         entries = work.ld_cache_entries + found.entries
-        with step("ld.so.conf"):
+        with steps.step("ld.so.conf"):
             changed = ldconfig.write_conf(copy, work.ldconfig_folders)
             changed = ldconfig.write_compat_conf(copy, found.folder) or changed
         if host.trusted is None:  # ld_cache "merge"
-            with step("ld.so.cache"):
+            with steps.step("ld.so.cache"):
                 written = ldconfig.merge(copy, entries, deadline)
         else:  # "rebuild": the trusted ldconfig was opened on the host for it
-            with step("ldconfig"):
+            with steps.step("ldconfig"):
                 if changed or not ldconfig.cache_lists(copy, entries, deadline):
                     # Its own line: the ldconfig process alone, fork to reap.
-                    step.timings["ldconfig process"] = ldconfig.run(copy, host.trusted, deadline)
+                    steps.timings["ldconfig process"] = ldconfig.run(copy, host.trusted, deadline)
                     written = True
-    step.timings["total"] = (time.perf_counter() - started) * 1000
-    return StartReport(timings_ms=step.timings, procfs=procfs, ld_cache_written=written, cuda_compat=found.note)
+    steps.timings["total"] = (time.perf_counter() - started) * 1000
+    return StartReport(timings_ms=steps.timings, procfs=procfs, ld_cache_written=written, cuda_compat=found.note)
 
 
-def _open_host(pid: int, work: StartWork, step: _Steps, ldconfig_path: str) -> tuple[int, _Host, list[_Seen]]:
+def _open_host(pid: int, work: StartWork, steps: _Steps, ldconfig_path: str) -> tuple[int, _Host, list[_Seen]]:
     """The container's mount namespace, what the steps need from the host, and the
     roots the container's must not be (checked once inside)."""
     if pid <= 0:
@@ -245,12 +246,12 @@ def _open_host(pid: int, work: StartWork, step: _Steps, ldconfig_path: str) -> t
         roots = _identities("root")
         host = _Host(procsource.source_for(work.proc_source))
         if work.ipc:
-            with step("IPC endpoints"):
+            with steps.step("IPC endpoints"):
                 host.ipc_seen = ipc.on_host(work)
         if work.ldconfig_folders and work.ld_cache is LdCache.REBUILD:
-            with step("ldconfig"):
+            with steps.step("ldconfig"):
                 host.trusted = _trusted(proc, ldconfig_path)
-        _take_proc_source(host, work, step)
+        _take_proc_source(host, work, steps)
         return mntns, host, roots
     finally:
         os.close(proc)
@@ -307,11 +308,11 @@ def _check_cgroup(proc: int, pid: int, cgroups_path: str) -> None:
         raise WorkError(f"process {pid} is not in the container's cgroup {cgroups_path[:300]!r} (it is in {shown})")
 
 
-def _take_proc_source(host: _Host, work: StartWork, step: _Steps) -> None:
+def _take_proc_source(host: _Host, work: StartWork, steps: _Steps) -> None:
     """What the procfs view's source takes on the host, if anything (a simulated
     node's tree: see ``procsource``), timed as that step."""
     if host.proc_source.takes_outside:
-        with step("procfs isolation"):
+        with steps.step("procfs isolation"):
             host.proc_source.take_outside(work.visible_bus_ids, work.proc_caps, work.proc_caps_all)
 
 
