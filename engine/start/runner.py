@@ -7,8 +7,8 @@ about a millisecond; a fresh interpreter would cost more than the step's whole
 budget (NRI gives a plugin 2 s per request).
 
 The worker never returns into the caller's code: it does the work, writes
-JSON lines to a pipe (``{"step": ...}`` as each step starts, then one result
-``{"ok": true, ...}`` or ``{"ok": false, "step": ..., "error": ...}``) and
+tagged JSON lines to a pipe (``step {"step": ...}`` as each step starts, then one
+``result {"ok": true, ...}`` or ``result {"ok": false, "step": ..., "error": ...}``) and
 ``os._exit``s. It takes no lock the caller's threads may hold (no logging, no
 asyncio), blocks every signal (a Python handler would write to the caller's
 signal wake-up fd), and refuses imports: once inside the container, a module
@@ -251,11 +251,11 @@ async def _finish(child: int, fd: int, work: StartWork, deadline: float, timeout
 
 
 def _has_result(data: bytearray) -> bool:
-    """Whether the worker's last complete line is its result (``{"ok": ...}``)."""
+    """Whether the worker's last complete line is its result (tagged ``result``)."""
     if not data.endswith(b"\n"):
         return False
     start = data.rfind(b"\n", 0, len(data) - 1) + 1
-    return data.startswith(b'{"ok": ', start)
+    return data.startswith(RESULT_TAG.encode() + b" ", start)
 
 
 # Workers that are exiting or killed; reaped when their pidfd says so, or by the
@@ -321,16 +321,21 @@ def _kill(child: int) -> None:
 
 
 def _outcome(work: StartWork, data: bytes, status: int | None, timed_out: bool, timeout: float) -> StartReport:
-    messages: list[dict[str, Any]] = []
+    steps: list[str] = []
+    result: dict[str, Any] | None = None
     for line in data.decode("utf-8", "replace").splitlines():
+        tag, _, body = line.partition(" ")
         try:
-            message = json.loads(line)
+            message = json.loads(body)
         except ValueError:
             continue
-        if isinstance(message, dict):
-            messages.append(message)
-    last_step = next((str(m["step"]) for m in reversed(messages) if "ok" not in m and "step" in m), "start")
-    result = next((m for m in messages if "ok" in m), None)
+        if not isinstance(message, dict):
+            continue
+        if tag == STEP_TAG and "step" in message:
+            steps.append(str(message["step"]))
+        elif tag == RESULT_TAG and result is None:
+            result = message
+    last_step = steps[-1] if steps else "start"
     if timed_out and result is None:
         raise StartError(work.container, last_step, f"not finished after {timeout:.3g} s; the worker was killed")
     if result is None:
@@ -370,13 +375,14 @@ def _worker(out: int, pid: int, work: StartWork, ldconfig: str, deadline: float)
         _detach_from_caller(out)
 
         def progress(step: str) -> None:
-            _emit(out, {"step": step})
+            _emit(out, STEP_TAG, {"step": step})
 
         report = actions.perform(
             pid, work, ldconfig_path=ldconfig, deadline=deadline - _REPORT_MARGIN, on_step=progress
         )
         _emit(
             out,
+            RESULT_TAG,
             {
                 "ok": True,
                 "timings": report.timings_ms,
@@ -386,9 +392,9 @@ def _worker(out: int, pid: int, work: StartWork, ldconfig: str, deadline: float)
             },
         )
     except actions.StepFailed as exc:
-        _emit(out, {"ok": False, "step": exc.step, "error": str(exc)})
+        _emit(out, RESULT_TAG, {"ok": False, "step": exc.step, "error": str(exc)})
     except BaseException as exc:
-        _emit(out, {"ok": False, "step": "internal", "error": f"{type(exc).__name__}: {exc}"})
+        _emit(out, RESULT_TAG, {"ok": False, "step": "internal", "error": f"{type(exc).__name__}: {exc}"})
     finally:
         os._exit(0)
 
@@ -416,8 +422,14 @@ def _detach_from_caller(out: int) -> None:
 _FD_CEILING = 1 << 20  # above any RLIMIT_NOFILE; closerange is one close_range(2) call
 
 
-def _emit(out: int, message: dict[str, Any]) -> None:
+# The worker's lines: "<tag> <json>", so the caller tells a step from the result
+# by the tag, not by which keys the JSON happens to hold.
+STEP_TAG = "step"
+RESULT_TAG = "result"
+
+
+def _emit(out: int, tag: str, message: dict[str, Any]) -> None:
     try:
-        os.write(out, json.dumps(message).encode() + b"\n")
+        os.write(out, tag.encode() + b" " + json.dumps(message).encode() + b"\n")
     except BaseException:
         pass  # the caller is gone or killed us: nobody to tell

@@ -207,14 +207,16 @@ def test_a_sidecar_swapping_a_file_device_and_fifo_on_a_shared_volume(
 # --------------------------------------------------------------------------- 3. a read-only root, killed at each step
 
 
-def _killing_at(n: int, real: Callable[[int, dict[str, object]], None]) -> Callable[[int, dict[str, object]], None]:
+def _killing_at(
+    n: int, real: Callable[[int, str, dict[str, object]], None]
+) -> Callable[[int, str, dict[str, object]], None]:
     """The worker's ``_emit``, SIGKILLing the worker as it announces its ``n``-th step
     (counted in each forked worker from its own copy)."""
     seen = [0]
 
-    def emit(out: int, message: dict[str, object]) -> None:
-        real(out, message)
-        if "step" in message and "ok" not in message:
+    def emit(out: int, tag: str, message: dict[str, object]) -> None:
+        real(out, tag, message)
+        if tag == runner.STEP_TAG:
             seen[0] += 1
             if seen[0] == n:
                 os.kill(os.getpid(), 9)

@@ -914,14 +914,14 @@ def test_a_worker_with_a_second_thread_is_refused_before_entering(
 _EMIT = runner._emit
 
 
-def _killing_at(n: int) -> Callable[[int, dict[str, object]], None]:
+def _killing_at(n: int) -> Callable[[int, str, dict[str, object]], None]:
     """The worker's ``_emit``, SIGKILLing the worker as it announces its ``n``-th step."""
     real = _EMIT
     seen = [0]  # counted in each forked worker from its own copy
 
-    def emit(out: int, message: dict[str, object]) -> None:
-        real(out, message)
-        if "step" in message and "ok" not in message:
+    def emit(out: int, tag: str, message: dict[str, object]) -> None:
+        real(out, tag, message)
+        if tag == runner.STEP_TAG:
             seen[0] += 1
             if seen[0] == n:
                 os.kill(os.getpid(), signal.SIGKILL)

@@ -18,13 +18,13 @@ WORK = StartWork('container "c" in pod "ns/p"', (), (), ())
 
 
 def test_a_success_line_becomes_a_report() -> None:
-    data = b'{"step": "enter"}\n{"ok": true, "timings": {"total": 3.5}, "procfs": "created", "ld_cache": true}\n'
+    data = b'step {"step": "enter"}\nresult {"ok": true, "timings": {"total": 3.5}, "procfs": "created", "ld_cache": true}\n'
     report = runner._outcome(WORK, data, 0, False, 1.5)
     assert (report.timings_ms, report.procfs, report.ld_cache_written) == ({"total": 3.5}, "created", True)
 
 
 def test_a_failure_line_names_container_and_step() -> None:
-    data = b'{"step": "enter"}\n{"step": "ldconfig"}\n{"ok": false, "step": "ldconfig", "error": "boom"}\n'
+    data = b'step {"step": "enter"}\nstep {"step": "ldconfig"}\nresult {"ok": false, "step": "ldconfig", "error": "boom"}\n'
     with pytest.raises(StartError) as caught:
         runner._outcome(WORK, data, 0, False, 1.5)
     assert str(caught.value) == 'container "c" in pod "ns/p": ldconfig: boom'
@@ -35,14 +35,14 @@ def test_a_killed_worker_is_reported_with_the_step_it_was_in() -> None:
     with pytest.raises(
         StartError, match=r'^container "c" in pod "ns/p": symlinks: not finished after 1.5 s; the worker was killed$'
     ):
-        runner._outcome(WORK, b'{"step": "enter"}\n{"step": "symlinks"}\n', signal.SIGKILL, True, 1.5)
+        runner._outcome(WORK, b'step {"step": "enter"}\nstep {"step": "symlinks"}\n', signal.SIGKILL, True, 1.5)
 
 
 def test_a_worker_that_died_without_a_word() -> None:
     with pytest.raises(
         StartError, match=r": procfs isolation: the worker ended without a result \(killed by SIGSEGV\)$"
     ):
-        runner._outcome(WORK, b'{"step": "procfs isolation"}\ngarbage\n', signal.SIGSEGV, False, 1.5)
+        runner._outcome(WORK, b'step {"step": "procfs isolation"}\ngarbage\n', signal.SIGSEGV, False, 1.5)
 
 
 def test_the_worker_refuses_imports_once_detached() -> None:
@@ -71,11 +71,12 @@ def test_the_worker_refuses_imports_once_detached() -> None:
     ("data", "complete"),
     [
         (b"", False),
-        (b'{"step": "enter"}\n', False),
-        (b'{"step": "enter"}\n{"ok": true, "timings": {}', False),  # the result line is not whole yet
-        (b'{"step": "enter"}\n{"ok": true, "timings": {}}\n', True),
-        (b'{"ok": false, "step": "internal", "error": "x\\n{\\"ok\\": "}\n', True),
-        (b'{"step": "x{\\"ok\\": true}"}\n', False),  # escaped inside a step name: not a result
+        (b'step {"step": "enter"}\n', False),
+        (b'step {"step": "enter"}\nresult {"ok": true, "timings": {}', False),  # the result line is not whole yet
+        (b'step {"step": "enter"}\nresult {"ok": true, "timings": {}}\n', True),
+        (b'result {"ok": false, "step": "internal", "error": "x\\n{\\"ok\\": "}\n', True),
+        (b'step {"step": "x{\\"ok\\": true}"}\n', False),  # escaped inside a step name: not a result
+        (b'{"ok": true, "timings": {}}\n', False),  # untagged: only the tag makes a result
     ],
 )
 def test_the_result_line_is_recognised_as_soon_as_it_is_whole(data: bytes, complete: bool) -> None:
