@@ -10,6 +10,7 @@ import pytest
 
 from plugin import setup_cli
 from plugin.__main__ import main
+from plugin.config_files import FileRefused
 from plugin.docker_setup import (
     DaemonChange,
     daemon_cdi_change,
@@ -190,6 +191,35 @@ def test_a_link_at_daemon_json_is_refused_and_nothing_is_written(tmp_path: Path)
         install_spec_runtime("docker", spec, SPEC, daemon, needed=True)
     assert daemon.is_symlink() and real.read_text() == "{}\n"
     assert not spec.exists()
+
+
+def _hostile(path: Path, kind: str) -> None:
+    if kind == "fifo":
+        os.mkfifo(path)  # opened for reading, it would block install forever
+    else:
+        with path.open("wb") as f:
+            f.truncate(100 << 20)  # sparse: 100 MB that cost no disk
+
+
+@pytest.mark.parametrize("kind", ["fifo", "huge"])
+def test_a_fifo_or_huge_daemon_json_is_refused_without_reading_it(tmp_path: Path, kind: str) -> None:
+    spec, daemon = _paths(tmp_path)
+    daemon.parent.mkdir()
+    _hostile(daemon, kind)
+    with pytest.raises(FileRefused, match="not a regular file" if kind == "fifo" else "is over"):
+        install_spec_runtime("docker", spec, SPEC, daemon, needed=True)
+    assert not spec.exists() and not record_path(daemon).exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "huge"])
+def test_uninstall_refuses_a_daemon_json_swapped_for_a_fifo_or_huge_file(tmp_path: Path, kind: str) -> None:
+    spec, daemon = _paths(tmp_path)
+    install_spec_runtime("docker", spec, SPEC, daemon, needed=True)
+    daemon.unlink()
+    _hostile(daemon, kind)
+    with pytest.raises(FileRefused):
+        uninstall_spec_runtime(spec, daemon)
+    assert record_path(daemon).exists()  # the record is kept: uninstall can run again once fixed
 
 
 def test_a_malformed_daemon_json_is_refused_before_the_spec_is_written(tmp_path: Path) -> None:
