@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 from engine import hookmain
+from engine.cdi import hook_command
+from engine.config import EngineConfig
+from engine.model import ALL_CAPABILITIES, Capability
 from tests.testbed.gpunode import SimNode, build_node
 
 # The NRI path's imports: ~40 ms a GPU container's start would wait for. Of plugin/,
@@ -126,6 +129,17 @@ SPEC = [
     ],
 )
 def test_the_spec_form_parses_as_argparse_does(words: list[str]) -> None:
+    assert hookmain.spec_form(words) == _argparse(words)
+
+
+@pytest.mark.parametrize("caps", [frozenset(), ALL_CAPABILITIES], ids=["no-capabilities", "all-capabilities"])
+@pytest.mark.parametrize("ld_cache", ["merge", "rebuild"])
+def test_what_the_spec_writes_takes_the_spec_form(caps: frozenset[Capability], ld_cache: str) -> None:
+    """Not a hand-copied example: the words ``hook_command`` writes into the CDI spec.
+    A flag or spelling added there and not to ``spec_form`` fails here, instead of
+    quietly costing every GPU container argparse's ~3 ms."""
+    config = EngineConfig().with_roots(driver_root="/run/nvidia/driver", ld_cache=ld_cache)
+    words = list(hook_command("/usr/bin/nri-gpu", config, caps).args[2:])
     assert hookmain.spec_form(words) == _argparse(words)
 
 
