@@ -263,12 +263,21 @@ def test_a_spec_that_is_not_ours_is_neither_overwritten_nor_removed(tmp_path: Pa
     assert "example.com/other" in spec.read_text()
 
 
+def _docker_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, list[str]]:
+    """The spec and daemon.json paths, and ``install --runtime docker`` for them, with ``SPEC`` as the spec."""
+    spec, daemon = _paths(tmp_path)
+    monkeypatch.setattr(setup_cli, "_spec", lambda args, argv0: (SPEC, "/"))
+    return (
+        spec,
+        daemon,
+        ["install", "--runtime", "docker", "--config", str(daemon), "--cdi-spec", str(spec), "--no-unit"],
+    )
+
+
 def test_the_cli_installs_for_docker_with_a_given_version(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    spec, daemon = _paths(tmp_path)
-    monkeypatch.setattr(setup_cli, "_spec", lambda args, argv0: (SPEC, "/"))
-    argv = ["install", "--runtime", "docker", "--config", str(daemon), "--cdi-spec", str(spec), "--no-unit"]
+    spec, daemon, argv = _docker_cli(tmp_path, monkeypatch)
     assert main([*argv, "--runtime-version", "26.1.5"]) == 0
     out = capsys.readouterr().out
     assert "Docker version 26.1.5" in out and "systemctl restart docker" in out
@@ -283,12 +292,10 @@ def test_the_cli_installs_for_docker_with_a_given_version(
 def test_the_cli_refuses_docker_before_25(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    spec, daemon = _paths(tmp_path)
-    monkeypatch.setattr(setup_cli, "_spec", lambda args, argv0: (SPEC, "/"))
-    argv = ["install", "--runtime", "docker", "--config", str(daemon), "--cdi-spec", str(spec), "--no-unit"]
+    spec, daemon, argv = _docker_cli(tmp_path, monkeypatch)
     assert main([*argv, "--runtime-version", "24.0.7"]) == 1
     assert "no CDI support" in capsys.readouterr().err
-    assert not spec.exists()
+    assert not spec.exists() and not daemon.exists()
 
 
 def test_the_cli_asks_dockerd_for_its_version(
