@@ -6,6 +6,10 @@ the CUDA runtime probe, so that the two runtimes are held to the same word.
 A runtime is passed as its ``run(image, *command, options=[...])`` (the test bed's
 ``Podman.run`` or ``Docker.run``: ``<runtime> run --rm --network none``) and its
 ``load(image)``.
+
+The tests both runtimes run, word for word, are defined here once (``test_*`` below,
+over an ``engine`` fixture: the runtime with the module's spec in place); each
+runtime's module imports them, so pytest collects them there, once per version.
 """
 
 from __future__ import annotations
@@ -58,6 +62,18 @@ REFUSAL_NAMES = {
 
 class Run(Protocol):
     def __call__(
+        self, image: str, *command: str, options: Sequence[str] = ..., check: bool = ..., timeout: float = ...
+    ) -> subprocess.CompletedProcess[str]: ...
+
+
+class Engine(Protocol):
+    """What the shared tests use of the test bed's Podman or Docker."""
+
+    version: str
+
+    def load(self, image: Image) -> None: ...
+
+    def run(
         self, image: str, *command: str, options: Sequence[str] = ..., check: bool = ..., timeout: float = ...
     ) -> subprocess.CompletedProcess[str]: ...
 
@@ -185,3 +201,66 @@ def start_p50(run: Run, label: str) -> None:
         f"{label} run --rm p50: plain {p50['plain'] * 1000:.0f} ms, --device nvidia.com/gpu=0 {p50['gpu'] * 1000:.0f} ms"
     )
     assert p50["gpu"] < 10, p50
+
+
+# --------------------------------------------------------------------------- the shared tests
+
+
+@pytest.fixture
+def bait(node: SimNode) -> Iterator[Bait]:
+    with planted_bait(node) as planted:
+        yield planted
+
+
+@pytest.mark.parametrize("index", [0, 3])
+def test_gpu_by_index(engine: Engine, node: SimNode, index: int) -> None:
+    found = run_view(engine.run, str(index))
+    assert_gpus(found, [node.gpus[index]])
+    assert found[4].strip() == "void"  # an nri-gpu plugin leaves the container alone
+
+
+def test_gpu_by_uuid(engine: Engine, node: SimNode) -> None:
+    assert_gpus(run_view(engine.run, node.gpus[1].uuid), [node.gpus[1]])
+
+
+def test_all_gpus(engine: Engine, node: SimNode) -> None:
+    assert_gpus(run_view(engine.run, "all"), list(node.gpus))
+
+
+def test_no_device_no_gpu(engine: Engine) -> None:
+    done = engine.run(GLIBC, "sh", "-c", VIEW)
+    found = sections(done)
+    assert found[0].split() == [] and found[1].split() == [], done.stdout
+    assert "libcuda" not in found[2], found[2]
+
+
+def test_read_only_root(engine: Engine, node: SimNode) -> None:
+    """``--read-only``: the hook does its work before runc makes the root read-only;
+    the container still cannot write its root."""
+    assert_gpus(run_view(engine.run, "0", "--read-only"), [node.gpus[0]])
+    done = engine.run(GLIBC, "sh", "-c", "touch /etc/x", options=["--read-only", "--device", "nvidia.com/gpu=0"])
+    assert done.returncode != 0 and "Read-only file system" in done.stderr + done.stdout, done
+
+
+def test_non_root_user(engine: Engine, node: SimNode) -> None:
+    found = run_view(engine.run, "0", "--user", "1000:1000")
+    assert_gpus(found, [node.gpus[0]])
+    assert found[3].strip() == "1000"
+
+
+def test_unknown_device_refused(engine: Engine) -> None:
+    done = engine.run(GLIBC, "true", options=["--device", "nvidia.com/gpu=99"])
+    assert done.returncode != 0 and "nvidia.com/gpu=99" in done.stderr, done
+
+
+@pytest.mark.parametrize("case", hostile.CASES)
+def test_hostile_image(engine: Engine, node: SimNode, bait: Bait, case: str) -> None:
+    check_hostile_image(engine.load, engine.run, node, bait, case)
+
+
+def test_start_time_with_and_without_a_gpu(engine: Engine) -> None:
+    start_p50(engine.run, f"{type(engine).__name__.lower()} {engine.version}")
+
+
+def test_cuda_runtime_wheel_finds_the_driver(engine: Engine) -> None:
+    check_cuda_runtime(engine.load, engine.run)

@@ -37,23 +37,27 @@ from typing import Any
 
 import pytest
 
-from tests.testbed import debs, hostile, images
+from tests.testbed import debs, images
 from tests.testbed.docker import VERSIONS, Docker
 from tests.testbed.gpunode import SimNode
 from tests.testbed.images import GLIBC
 
-from .cdi_runtime_cases import (
-    VIEW,
+from .cdi_runtime_cases import (  # noqa: F401  (the shared tests, collected here once per version)
     assert_gpus,
-    check_cuda_runtime,
-    check_hostile_image,
-    planted_bait,
-    sections,
-    start_p50,
+    bait,
+    test_all_gpus,
+    test_cuda_runtime_wheel_finds_the_driver,
+    test_gpu_by_index,
+    test_gpu_by_uuid,
+    test_hostile_image,
+    test_no_device_no_gpu,
+    test_non_root_user,
+    test_read_only_root,
+    test_start_time_with_and_without_a_gpu,
+    test_unknown_device_refused,
 )
 from .cdi_runtime_cases import run_view as _run_view
 from .conftest import NRI_GPU, _cannot_run, _preflight
-from .test_hostile_images import Bait
 
 
 def _started(workdir: Path, version: str, **options: Any) -> Docker:
@@ -99,6 +103,12 @@ def spec(docker: Docker, node: SimNode) -> dict[str, Any]:
     return _write_spec(docker, node)
 
 
+@pytest.fixture
+def engine(docker: Docker, spec: dict[str, Any]) -> Docker:
+    """dockerd with the module's spec in place, for the shared tests."""
+    return docker
+
+
 def run_view(docker: Docker, device: str, *options: str) -> list[str]:
     return _run_view(docker.run, device, *options)
 
@@ -123,71 +133,10 @@ def test_cdi_without_the_features_key(docker: Docker, node: SimNode, tmp_path_fa
         assert done.returncode == 0, done.stderr
 
 
-@pytest.mark.parametrize("index", [0, 3])
-def test_gpu_by_index(docker: Docker, spec: dict[str, Any], node: SimNode, index: int) -> None:
-    found = run_view(docker, str(index))
-    assert_gpus(found, [node.gpus[index]])
-    assert found[4].strip() == "void"  # an nri-gpu plugin leaves the container alone
-
-
-def test_gpu_by_uuid(docker: Docker, spec: dict[str, Any], node: SimNode) -> None:
-    assert_gpus(run_view(docker, node.gpus[1].uuid), [node.gpus[1]])
-
-
-def test_all_gpus(docker: Docker, spec: dict[str, Any], node: SimNode) -> None:
-    assert_gpus(run_view(docker, "all"), list(node.gpus))
-
-
-def test_no_device_no_gpu(docker: Docker, spec: dict[str, Any]) -> None:
-    done = docker.run(GLIBC, "sh", "-c", VIEW)
-    found = sections(done)
-    assert found[0].split() == [] and found[1].split() == [], done.stdout
-    assert "libcuda" not in found[2], found[2]
-
-
-def test_read_only_root(docker: Docker, spec: dict[str, Any], node: SimNode) -> None:
-    """``--read-only``: the hook does its work before runc makes the root read-only;
-    the container still cannot write its root."""
-    assert_gpus(run_view(docker, "0", "--read-only"), [node.gpus[0]])
-    done = docker.run(GLIBC, "sh", "-c", "touch /etc/x", options=["--read-only", "--device", "nvidia.com/gpu=0"])
-    assert done.returncode != 0 and "Read-only file system" in done.stderr + done.stdout, done
-
-
-def test_non_root_user(docker: Docker, spec: dict[str, Any], node: SimNode) -> None:
-    found = run_view(docker, "0", "--user", "1000:1000")
-    assert_gpus(found, [node.gpus[0]])
-    assert found[3].strip() == "1000"
-
-
-def test_unknown_device_refused(docker: Docker, spec: dict[str, Any]) -> None:
-    done = docker.run(GLIBC, "true", options=["--device", "nvidia.com/gpu=99"])
-    assert done.returncode != 0 and "nvidia.com/gpu=99" in done.stderr, done
-
-
 def test_gpus_flag_is_no_cdi_request_before_29_2(docker: Docker, spec: dict[str, Any]) -> None:
     """Docker before 29.2 has no NVIDIA ``--gpus`` driver without NVIDIA's binaries on its PATH."""
     done = docker.run(GLIBC, "true", options=["--gpus", "all"])
     assert done.returncode != 0 and "could not select device driver" in done.stderr, done
-
-
-def test_start_time_with_and_without_a_gpu(docker: Docker, spec: dict[str, Any]) -> None:
-    start_p50(docker.run, f"docker {docker.version}")
-
-
-def test_cuda_runtime_wheel_finds_the_driver(docker: Docker, spec: dict[str, Any]) -> None:
-    check_cuda_runtime(docker.load, docker.run)
-
-
-@pytest.fixture
-def bait(node: SimNode) -> Iterator[Bait]:
-    with planted_bait(node) as planted:
-        yield planted
-
-
-@pytest.mark.parametrize("case", hostile.CASES)
-def test_hostile_image(docker: Docker, spec: dict[str, Any], node: SimNode, bait: Bait, case: str) -> None:
-    """The hostile images of test_podman, the same verdicts: dockerd's runc runs the same hook."""
-    check_hostile_image(docker.load, docker.run, node, bait, case)
 
 
 # --------------------------------------------------------------------------- nri-gpu install --runtime docker

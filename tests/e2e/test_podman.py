@@ -33,15 +33,27 @@ from typing import Any
 
 import pytest
 
-from tests.testbed import debs, hostile, images
+from tests.testbed import debs, images
 from tests.testbed.gpunode import SimNode
 from tests.testbed.images import GLIBC
 from tests.testbed.podman import VERSIONS, Podman, SpecFolderTaken, shared_spec_path
 
-from .cdi_runtime_cases import assert_gpus, check_cuda_runtime, check_hostile_image, planted_bait, start_p50
+from .cdi_runtime_cases import (  # noqa: F401  (the shared tests, collected here once per version)
+    assert_gpus,
+    bait,
+    test_all_gpus,
+    test_cuda_runtime_wheel_finds_the_driver,
+    test_gpu_by_index,
+    test_gpu_by_uuid,
+    test_hostile_image,
+    test_no_device_no_gpu,
+    test_non_root_user,
+    test_read_only_root,
+    test_start_time_with_and_without_a_gpu,
+    test_unknown_device_refused,
+)
 from .cdi_runtime_cases import run_view as _run_view
 from .conftest import NRI_GPU, _cannot_run, _preflight
-from .test_hostile_images import Bait
 
 
 @pytest.fixture(scope="module", params=VERSIONS, ids=[f"podman-{v.rpartition('.')[0]}" for v in VERSIONS])
@@ -85,6 +97,12 @@ def spec(spec_path: Path, node: SimNode) -> dict[str, Any]:
     return value
 
 
+@pytest.fixture
+def engine(podman: Podman, spec: dict[str, Any]) -> Podman:
+    """podman with the module's spec in place, for the shared tests."""
+    return podman
+
+
 def run_view(podman: Podman, device: str, *options: str) -> list[str]:
     return _run_view(podman.run, device, *options)
 
@@ -93,66 +111,6 @@ def test_spec_is_one_podman_4_3_reads(spec: dict[str, Any]) -> None:
     """CDI 0.5.x (podman 4.3) knows cdiVersion up to 0.5.0 and refuses unknown fields."""
     assert spec["cdiVersion"] == "0.5.0"
     assert spec["kind"] == "nvidia.com/gpu"
-
-
-@pytest.mark.parametrize("index", [0, 3])
-def test_gpu_by_index(podman: Podman, spec: dict[str, Any], node: SimNode, index: int) -> None:
-    sections = run_view(podman, str(index))
-    assert_gpus(sections, [node.gpus[index]])
-    assert sections[4].strip() == "void"  # an nri-gpu plugin leaves the container alone
-
-
-def test_gpu_by_uuid(podman: Podman, spec: dict[str, Any], node: SimNode) -> None:
-    assert_gpus(run_view(podman, node.gpus[1].uuid), [node.gpus[1]])
-
-
-def test_all_gpus(podman: Podman, spec: dict[str, Any], node: SimNode) -> None:
-    assert_gpus(run_view(podman, "all"), list(node.gpus))
-
-
-def test_read_only_root(podman: Podman, spec: dict[str, Any], node: SimNode) -> None:
-    """``--read-only``: runc makes the root read-only after the createContainer hook,
-    which does its work; the container still cannot write its root."""
-    sections = run_view(podman, "0", "--read-only")
-    assert_gpus(sections, [node.gpus[0]])
-    done = podman.run(GLIBC, "sh", "-c", "touch /etc/x", options=["--read-only", "--device", "nvidia.com/gpu=0"])
-    assert done.returncode != 0 and "Read-only file system" in done.stderr + done.stdout, done
-
-
-def test_non_root_user(podman: Podman, spec: dict[str, Any], node: SimNode) -> None:
-    sections = run_view(podman, "0", "--user", "1000:1000")
-    assert_gpus(sections, [node.gpus[0]])
-    assert sections[3].strip() == "1000"
-
-
-def test_unknown_device_refused(podman: Podman, spec: dict[str, Any]) -> None:
-    done = podman.run(GLIBC, "true", options=["--device", "nvidia.com/gpu=99"])
-    assert done.returncode != 0 and "nvidia.com/gpu=99" in done.stderr, done
-
-
-# --------------------------------------------------------------------------- hostile images
-
-
-@pytest.fixture
-def bait(node: SimNode) -> Iterator[Bait]:
-    with planted_bait(node) as planted:
-        yield planted
-
-
-@pytest.mark.parametrize("case", hostile.CASES)
-def test_hostile_image(podman: Podman, spec: dict[str, Any], node: SimNode, bait: Bait, case: str) -> None:
-    check_hostile_image(podman.load, podman.run, node, bait, case)
-
-
-# --------------------------------------------------------------------------- start time
-
-
-def test_start_time_with_and_without_a_gpu(podman: Podman, spec: dict[str, Any]) -> None:
-    start_p50(podman.run, f"podman {podman.version}")
-
-
-def test_cuda_runtime_wheel_finds_the_driver(podman: Podman, spec: dict[str, Any]) -> None:
-    check_cuda_runtime(podman.load, podman.run)
 
 
 def test_install_for_podman_writes_the_spec_podman_reads(
