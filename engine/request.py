@@ -408,6 +408,7 @@ def _requirements(
 
 _VISIBLE_PREFIX = VISIBLE_DEVICES + "="
 _LEGACY_PREFIX = "CUDA_VERSION="
+_VISIBLE_AND_LEGACY = (_VISIBLE_PREFIX, _LEGACY_PREFIX)
 _MARKER_PREFIX = VOLUME_MARKER_DIR + "/"
 
 
@@ -431,9 +432,10 @@ def may_request(
     wrongly would silently ignore a GPU request."""
     if POD_ANNOTATION in annotations or CONTAINER_ANNOTATION_PREFIX + container_name in annotations:
         return True
-    legacy = policy.legacy_image_all_gpus
+    # One C-level prefix test per entry: with the legacy rule on, half the cost of two.
+    prefixes = _VISIBLE_AND_LEGACY if policy.legacy_image_all_gpus else _VISIBLE_PREFIX
     for entry in env:
-        if entry.startswith(_VISIBLE_PREFIX) or (legacy and entry.startswith(_LEGACY_PREFIX)):
+        if entry.startswith(prefixes):
             return True
     return policy.accept_volume_mounts and any(d.startswith(_MARKER_PREFIX) for d in mount_destinations)
 
