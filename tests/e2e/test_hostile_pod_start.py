@@ -42,6 +42,7 @@ from engine.start import find_init_pid, runner
 from plugin._proto import nri_pb2 as api
 from plugin.errors import PluginError
 from plugin.handlers import GpuPlugin
+from tests.integration.startcall import killing_at
 from tests.testbed import hostile, images
 from tests.testbed.cri import CriClient
 from tests.testbed.gpunode import SimNode
@@ -207,32 +208,14 @@ def test_a_sidecar_swapping_a_file_device_and_fifo_on_a_shared_volume(
 # --------------------------------------------------------------------------- 3. a read-only root, killed at each step
 
 
-def _killing_at(
-    n: int, real: Callable[[int, str, dict[str, object]], None]
-) -> Callable[[int, str, dict[str, object]], None]:
-    """The worker's ``_emit``, SIGKILLing the worker as it announces its ``n``-th step
-    (counted in each forked worker from its own copy)."""
-    seen = [0]
-
-    def emit(out: int, tag: str, message: dict[str, object]) -> None:
-        real(out, tag, message)
-        if tag == runner.STEP_TAG:
-            seen[0] += 1
-            if seen[0] == n:
-                os.kill(os.getpid(), 9)
-
-    return emit
-
-
 def test_a_read_only_root_pod_killed_at_each_step_still_runs_read_only(
     cri: CriClient, serve: Callable[..., WatchingGpuPlugin], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     plugin = serve(swallow=True)
-    real = runner._emit
     pod = cri.run_pod("readonly", annotations=GPU)
     killed: list[str] = []
     for n in range(1, 20):
-        monkeypatch.setattr(runner, "_emit", _killing_at(n, real))
+        monkeypatch.setattr(runner, "_emit", killing_at(n))
         cid = cri.create_container(pod, None, f"ro-{n}", images.GLIBC, SLEEP, readonly_rootfs=True)
         cri.start_container(cid)  # a failed start work is swallowed: the container runs anyway
         code, out, err = cri.exec_sync(cid, ["sh", "-c", "touch /x"])

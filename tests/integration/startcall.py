@@ -10,11 +10,14 @@ until the next call.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
+from collections.abc import Callable
 
 from engine.start import StartWork, runner
 
-__all__ = ["run_start"]
+__all__ = ["killing_at", "run_start"]
 
 _REAP_WAIT = 5.0  # seconds: a killed worker stuck in the kernel is left to the next call
 
@@ -39,3 +42,22 @@ def run_start(
                 await asyncio.sleep(0.005)
 
     asyncio.run(call())
+
+
+_EMIT = runner._emit  # the real one, taken before any test patches it
+
+
+def killing_at(n: int) -> Callable[[int, str, dict[str, object]], None]:
+    """The worker's ``_emit``, SIGKILLing the worker as it announces its ``n``-th step
+    (counted in each forked worker from its own copy): for
+    ``monkeypatch.setattr(runner, "_emit", killing_at(n))``."""
+    seen = [0]
+
+    def emit(out: int, tag: str, message: dict[str, object]) -> None:
+        _EMIT(out, tag, message)
+        if tag == runner.STEP_TAG:
+            seen[0] += 1
+            if seen[0] == n:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    return emit

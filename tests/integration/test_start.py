@@ -54,7 +54,7 @@ from engine.start import (
     syscalls,
 )
 from engine.start.rootdir import RootDir
-from tests.integration.startcall import run_start
+from tests.integration.startcall import killing_at, run_start
 from tests.testbed import debs
 from tests.testbed.bundle import Container, RuncHost, busybox_rootfs
 from tests.testbed.gpunode import SimNode, build_node, run_ldconfig
@@ -911,24 +911,6 @@ def test_a_worker_with_a_second_thread_is_refused_before_entering(
 # --------------------------------------------------------------------------- security, part 2
 
 
-_EMIT = runner._emit
-
-
-def _killing_at(n: int) -> Callable[[int, str, dict[str, object]], None]:
-    """The worker's ``_emit``, SIGKILLing the worker as it announces its ``n``-th step."""
-    real = _EMIT
-    seen = [0]  # counted in each forked worker from its own copy
-
-    def emit(out: int, tag: str, message: dict[str, object]) -> None:
-        real(out, tag, message)
-        if tag == runner.STEP_TAG:
-            seen[0] += 1
-            if seen[0] == n:
-                os.kill(os.getpid(), signal.SIGKILL)
-
-    return emit
-
-
 def test_a_read_only_root_stays_read_only_whichever_step_the_worker_is_killed_at(
     runc: RuncHost, plan: Plan, each: StartWork, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -938,7 +920,7 @@ def test_a_read_only_root_stays_read_only_whichever_step_the_worker_is_killed_at
     finished = False
     for n in range(1, 20):
         c = gpu_container(runc, plan, "touch /x 2>&1 | sed 's/.*: //'", readonly=True)
-        monkeypatch.setattr(runner, "_emit", _killing_at(n))
+        monkeypatch.setattr(runner, "_emit", killing_at(n))
         try:
             run_start(c.pid, each)
             finished = True
