@@ -237,9 +237,9 @@ def _signal(root: NodeRoot, options: Options) -> None:
             + ("not in this PID namespace (the pod needs hostPID)" if pid == 0 else "the service manager's socket")
             + "; use --restart-mode systemd"
         )
-    pidfd = os.pidfd_open(pid)  # from here on the pid cannot be reused under us
+    pidfd = os.pidfd_open(pid)  # the signal goes to this process or to none, never to a reuse of the pid
     try:
-        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        comm = _comm(pid)
         owner = os.stat(f"/proc/{pid}").st_uid
         if comm != name or uid != 0 or owner != 0:
             raise NodeSetupError(
@@ -256,6 +256,17 @@ def _signal(root: NodeRoot, options: Options) -> None:
             )
     finally:
         os.close(pidfd)
+
+
+def _comm(pid: int) -> str:
+    """The name ``pid`` gave itself (``PR_SET_NAME``: any bytes, up to 15), read with a
+    bound; bytes that are not UTF-8 are shown escaped, and so match no runtime's name."""
+    fd = os.open(f"/proc/{pid}/comm", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        raw = os.read(fd, 64)
+    finally:
+        os.close(fd)
+    return raw.rstrip(b"\n").decode(errors="backslashreplace")
 
 
 def _systemctl(root: NodeRoot, options: Options) -> None:

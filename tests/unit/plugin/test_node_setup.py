@@ -352,6 +352,33 @@ def test_signal_mode_signals_only_roots_runtime(host: Path, capsys: pytest.Captu
         other.wait(10)
 
 
+def test_a_peer_whose_name_is_not_text_is_refused_not_a_crash(host: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A process picks its own name (prctl PR_SET_NAME), any bytes: one that is not
+    UTF-8 is still a name that is not containerd's, refused with the usual message."""
+    rename = "import ctypes; ctypes.CDLL(None).prctl(15, b'\\xffcontainerd', 0, 0, 0)\n"
+    other = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            rename + _DAEMON,
+            str(host / "run/containerd/containerd.sock"),
+            str(host / "var/run/nri/nri.sock"),
+            str(host / "etc/containerd/config.toml"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "ready\n"
+        assert _node_setup(host, "--restart-mode", "signal") == 1
+        err = capsys.readouterr().err
+        assert f"its peer, pid {other.pid}, is '\\\\xffcontainerd' of uid" in err and "not signalling it" in err
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait(10)
+
+
 def test_mode_none_waits_for_someone_to_restart_the_runtime(
     host: Path, stand_in: StandIn, capsys: pytest.CaptureFixture[str]
 ) -> None:
