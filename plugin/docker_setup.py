@@ -20,7 +20,6 @@ the systemd units that rewrite the spec at boot and when the driver changes
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -29,7 +28,17 @@ from typing import Any
 from plugin.cdi_conflicts import KIND
 from plugin.config_files import Folder
 from plugin.events import parse_version
-from plugin.runtime_setup import Result, SetupError, backup_path, record_path, unified_diff
+from plugin.runtime_setup import (
+    CONFIG_LINK,
+    OURS_LINK,
+    Result,
+    SetupError,
+    backup_path,
+    decode_utf8,
+    record_path,
+    sha256_hex,
+    unified_diff,
+)
 from plugin.systemd_unit import install_units, refuse_if_enabled, uninstall_units
 
 __all__ = [
@@ -55,8 +64,6 @@ DAEMON_JSON = "/etc/docker/daemon.json"
 DEFAULT_SPEC = "/etc/cdi/nri-gpu.json"
 CDI_SINCE = (25, 0, 0)  # the first Docker that reads CDI specs (with features.cdi)
 CDI_DEFAULT_SINCE = (28, 2, 0)  # CDI on by default
-_DAEMON_LINK = "nri-gpu edits only a regular file: point --config at the real file"
-_OURS_LINK = "nri-gpu wrote a regular file there and follows no link; remove it by hand"
 _NEW_DAEMON = '{\n  "features": {\n    "cdi": true\n  }\n}\n'
 _WS = re.compile(r"[ \t\n\r]*")
 _DECODER = json.JSONDecoder()
@@ -268,10 +275,6 @@ def is_our_spec(data: bytes) -> bool:
 # ---------------------------------------------------------------- file layer
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def _record_bytes(created: bool, change: DaemonChange, written: bytes) -> bytes:
     record = {
         "tool": "nri-gpu",
@@ -279,7 +282,7 @@ def _record_bytes(created: bool, change: DaemonChange, written: bytes) -> bytes:
         "created": created,
         "cdi_old": change.old,
         "features_added": change.features_added,
-        "written_sha256": _sha(written),
+        "written_sha256": sha256_hex(written),
     }
     return (json.dumps(record, indent=2) + "\n").encode()
 
@@ -299,16 +302,9 @@ def _parse_record(data: bytes, source: str) -> tuple[bool, DaemonChange, str]:
         raise SetupError(f"{source}: unreadable install record ({str(exc)[:200]}); remove it by hand") from exc
 
 
-def _decode(data: bytes, path: Path) -> str:
-    try:
-        return data.decode()
-    except UnicodeDecodeError as exc:
-        raise SetupError(f"{path}: not UTF-8 text") from exc
-
-
 def _install_spec(spec: Path, text: str, dry_run: bool, result: SpecResult) -> None:
     with Folder(spec.parent, create=not dry_run) as folder:
-        found = folder.read(spec.name, if_link=_OURS_LINK)
+        found = folder.read(spec.name, if_link=OURS_LINK)
         if found is not None and found[0] == text.encode():
             result.messages.append(f"{spec}: the CDI spec is current; nothing to change")
             return
@@ -332,8 +328,8 @@ def spec_dir_warning(text: str | None, spec: Path, source: str) -> str | None:
 
 def _install_daemon(path: Path, spec: Path, needed: bool, dry_run: bool, result: SpecResult) -> None:
     with Folder(path.parent, create=not dry_run) as folder:
-        found = folder.read(path.name, if_link=_DAEMON_LINK)
-        before = None if found is None else _decode(found[0], path)
+        found = folder.read(path.name, if_link=CONFIG_LINK)
+        before = None if found is None else decode_utf8(found[0], path)
         change = daemon_cdi_change(before, needed, str(path))
         warning = spec_dir_warning(before, spec, str(path))
         if warning is not None:
@@ -350,7 +346,7 @@ def _install_daemon(path: Path, spec: Path, needed: bool, dry_run: bool, result:
         result.changed = result.restart = True
         if dry_run:
             return
-        record = folder.read(record_path(path).name, if_link=_OURS_LINK)
+        record = folder.read(record_path(path).name, if_link=OURS_LINK)
         if record is not None:
             # Reverted by hand since the last install: that record's backup is stale.
             result.warnings.append(
@@ -394,24 +390,24 @@ def install_spec_runtime(
 
 def _uninstall_daemon(path: Path, dry_run: bool, result: SpecResult) -> None:
     with Folder(path.parent) as folder:
-        record = folder.read(record_path(path).name, if_link=_OURS_LINK)
+        record = folder.read(record_path(path).name, if_link=OURS_LINK)
         if record is None:
             result.messages.append(f"{path}: no install record ({record_path(path)}); nothing to undo")
             return
         created, change, sha = _parse_record(record[0], str(record_path(path)))
         backup = backup_path(path)
-        kept = None if created else folder.read(backup.name, if_link=_OURS_LINK)
+        kept = None if created else folder.read(backup.name, if_link=OURS_LINK)
         if not created and kept is None:
             raise SetupError(f"{backup}: the backup of the original file is missing; not touching {path}")
-        found = folder.read(path.name, if_link=_DAEMON_LINK)
+        found = folder.read(path.name, if_link=CONFIG_LINK)
         if found is None:
             result.warnings.append(f"{path}: gone since install; only removing our record")
-        elif _sha(found[0]) == sha:
+        elif sha256_hex(found[0]) == sha:
             original = None if kept is None else kept[0]
             how = "removed (nri-gpu created it)" if original is None else f"restored byte for byte from {backup}"
             result.messages.append(f"{path}: {how}")
-            after_text = None if original is None else _decode(original, backup)
-            result.diff += unified_diff(_decode(found[0], path), after_text, path)
+            after_text = None if original is None else decode_utf8(original, backup)
+            result.diff += unified_diff(decode_utf8(found[0], path), after_text, path)
             result.changed = result.restart = True
             if not dry_run:
                 if original is None:
@@ -419,7 +415,7 @@ def _uninstall_daemon(path: Path, dry_run: bool, result: SpecResult) -> None:
                 else:
                     folder.write(path.name, original, found[1])
         else:
-            before = _decode(found[0], path)
+            before = decode_utf8(found[0], path)
             after, warnings = daemon_revert(before, change, str(path))
             result.warnings.append(f'{path}: changed since install; reverting only "features": {{"cdi"}}')
             result.warnings += warnings
@@ -443,7 +439,7 @@ def uninstall_spec_runtime(
     if unit_dir is not None and not dry_run:
         refuse_if_enabled(unit_dir)  # before anything is removed
     with Folder(spec.parent) as folder:
-        found = folder.read(spec.name, if_link=_OURS_LINK)
+        found = folder.read(spec.name, if_link=OURS_LINK)
         if found is None:
             result.messages.append(f"{spec}: not there; nothing to remove")
         elif not is_our_spec(found[0]):

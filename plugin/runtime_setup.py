@@ -391,12 +391,12 @@ def unified_diff(before: str | None, after: str | None, path: Path) -> str:
 # ---------------------------------------------------------------- file layer
 
 
-def _sha(data: bytes) -> str:
+def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-_CONFIG_LINK = "nri-gpu edits only a regular file: point --config at the real file"
-_OURS_LINK = "nri-gpu wrote a regular file there and follows no link; remove it by hand"
+CONFIG_LINK = "nri-gpu edits only a regular file: point --config at the real file"
+OURS_LINK = "nri-gpu wrote a regular file there and follows no link; remove it by hand"
 _KEYS = {
     "disable": bool,
     "disable_connections": bool,
@@ -407,7 +407,7 @@ _KEYS = {
 }
 
 
-def _decode(data: bytes, path: Path) -> str:
+def decode_utf8(data: bytes, path: Path) -> str:
     try:
         return data.decode()
     except UnicodeDecodeError as exc:
@@ -474,7 +474,7 @@ def _parse_change(value: object) -> Change:
 
 
 def _load_record(folder: Folder, path: Path) -> Record | None:
-    found = folder.read(record_path(path).name, if_link=_OURS_LINK)
+    found = folder.read(record_path(path).name, if_link=OURS_LINK)
     return None if found is None else parse_record(found[0], str(record_path(path)))
 
 
@@ -501,7 +501,7 @@ def install_containerd(
 def _install_containerd(
     folder: Folder, path: Path, socket: str | None, dry_run: bool, fail_closed: FailClosed | None
 ) -> Result:
-    found = folder.read(path.name, if_link=_CONFIG_LINK)
+    found = folder.read(path.name, if_link=CONFIG_LINK)
     record = _load_record(folder, path)
     if found is None:
         text = containerd_new_file(socket, fail_closed)
@@ -513,11 +513,11 @@ def _install_containerd(
                 written.append(Change("socket_path", None, socket))
             if fail_closed is not None:
                 written += _validator_changes(None, fail_closed, str(path))
-            folder.write(record_path(path).name, Record(True, written, _sha(text.encode())).to_bytes())
+            folder.write(record_path(path).name, Record(True, written, sha256_hex(text.encode())).to_bytes())
             folder.write(path.name, text.encode())
         return result
     data, info = found
-    before = _decode(data, path)
+    before = decode_utf8(data, path)
     version = containerd_version(before, str(path))
     check_cri_enabled(before, str(path))
     changes = containerd_changes(before, socket, str(path), fail_closed)
@@ -538,7 +538,7 @@ def _install_containerd(
     result.diff = unified_diff(before, after, path)
     # Installed before and untouched since: the backup and the values to restore
     # are the first install's, whatever this one changes.
-    again = record is not None and record.written_sha256 == _sha(data)
+    again = record is not None and record.written_sha256 == sha256_hex(data)
     if record is not None and not again:
         result.warnings.append(
             f"{path}: changed since the last install (our keys were undone); the earlier backup "
@@ -546,10 +546,10 @@ def _install_containerd(
         )
     if not dry_run:
         if record is not None and again:
-            new_record = Record(record.created, _merged(record, changes), _sha(after.encode()))
+            new_record = Record(record.created, _merged(record, changes), sha256_hex(after.encode()))
         else:
             folder.write(backup_path(path).name, data, info)
-            new_record = Record(False, changes, _sha(after.encode()))
+            new_record = Record(False, changes, sha256_hex(after.encode()))
         folder.write(record_path(path).name, new_record.to_bytes())
         folder.write(path.name, after.encode(), info)
     return result
@@ -568,9 +568,9 @@ def _uninstall_containerd(folder: Folder, path: Path, dry_run: bool) -> Result:
     record = _load_record(folder, path)
     if record is None:
         return Result(path, False, [f"{path}: no install record ({record_path(path)}); nothing to undo"])
-    found = folder.read(path.name, if_link=_CONFIG_LINK)
+    found = folder.read(path.name, if_link=CONFIG_LINK)
     backup = backup_path(path)
-    kept = None if record.created else folder.read(backup.name, if_link=_OURS_LINK)
+    kept = None if record.created else folder.read(backup.name, if_link=OURS_LINK)
     if not record.created and kept is None:
         raise SetupError(f"{backup}: the backup of the original file is missing; not touching {path}")
     original = None if kept is None else kept[0]
@@ -578,14 +578,14 @@ def _uninstall_containerd(folder: Folder, path: Path, dry_run: bool) -> Result:
     if found is None:
         result.warnings.append(f"{path}: gone since install; only removing our record")
         result.changed = False
-    elif _sha(found[0]) == record.written_sha256:
+    elif sha256_hex(found[0]) == record.written_sha256:
         data, info = found
         if original is None:
             result.messages.append(f"{path}: removed (nri-gpu created it)")
-            result.diff = unified_diff(_decode(data, path), None, path)
+            result.diff = unified_diff(decode_utf8(data, path), None, path)
         else:
             result.messages.append(f"{path}: restored byte for byte from {backup}")
-            result.diff = unified_diff(_decode(data, path), _decode(original, backup), path)
+            result.diff = unified_diff(decode_utf8(data, path), decode_utf8(original, backup), path)
         if not dry_run:
             if original is None:
                 folder.remove(path.name)
@@ -593,7 +593,7 @@ def _uninstall_containerd(folder: Folder, path: Path, dry_run: bool) -> Result:
                 folder.write(path.name, original, info)
     else:
         data, info = found
-        before = _decode(data, path)
+        before = decode_utf8(data, path)
         after, warnings = containerd_revert(before, record.changes, str(path))
         result.warnings.append(f"{path}: changed since install; reverting only nri-gpu's keys in {NRI_HEADER}")
         result.warnings += warnings
@@ -621,7 +621,7 @@ def install_crio(
         f", [crio.nri.{VALIDATOR}] nri_enable_default_validator = true" if fail_closed else ""
     )
     with Folder(dropin_dir, create=not dry_run, at=at) as folder:
-        found = folder.read(CRIO_DROPIN_NAME, if_link=_OURS_LINK)
+        found = folder.read(CRIO_DROPIN_NAME, if_link=OURS_LINK)
         before = None
         if found is not None:
             if found[0] == text.encode():
@@ -644,7 +644,7 @@ def install_crio(
 def uninstall_crio(dropin_dir: Path, dry_run: bool = False, at: int | None = None) -> Result:
     path = dropin_dir / CRIO_DROPIN_NAME
     with Folder(dropin_dir, at=at) as folder:
-        found = folder.read(CRIO_DROPIN_NAME, if_link=_OURS_LINK)
+        found = folder.read(CRIO_DROPIN_NAME, if_link=OURS_LINK)
         if found is None:
             return Result(path, False, [f"{path}: not there; nothing to undo"])
         text = found[0].decode(errors="replace")

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from plugin.config_files import Folder
 from plugin.hook_install import check_folder, check_install
-from plugin.runtime_setup import Result, SetupError, unified_diff
+from plugin.runtime_setup import OURS_LINK, Result, SetupError, unified_diff
 
 __all__ = [
     "PATH_UNIT",
@@ -57,7 +57,7 @@ PATH_UNIT = "nri-gpu-cdi.path"
 UNITS = (SERVICE, PATH_UNIT)
 _WANTED_BY = "multi-user.target"
 _MARK = "# Written by nri-gpu install --runtime docker|podman; nri-gpu uninstall removes it."
-_OURS_LINK = "nri-gpu wrote a regular file there and follows no link; remove it by hand"
+
 # What a word of a unit may hold: systemd gives meaning to %, $, \, quotes, ; and
 # white space in ExecStart= and paths, so a value with any of them is refused, not escaped.
 _SAFE = re.compile(r"[A-Za-z0-9_./,:=+@-]+")
@@ -159,7 +159,7 @@ def install_units(unit_dir: Path, texts: Mapping[str, str], dry_run: bool, resul
     anything is written); whether any file changed."""
     changed = False
     with Folder(unit_dir, create=not dry_run) as folder:
-        found = {name: folder.read(name, if_link=_OURS_LINK) for name in texts}
+        found = {name: folder.read(name, if_link=OURS_LINK) for name in texts}
         for name, now in found.items():
             if now is not None and not _is_ours(now[0]):
                 raise SetupError(f"{unit_dir / name}: exists and was not written by nri-gpu; not overwriting it")
@@ -196,7 +196,7 @@ def uninstall_units(unit_dir: Path, dry_run: bool, result: Result) -> bool:
     removed = False
     with Folder(unit_dir) as folder:
         for name in UNITS:
-            now = folder.read(name, if_link=_OURS_LINK)
+            now = folder.read(name, if_link=OURS_LINK)
             if now is None:
                 continue
             if not _is_ours(now[0]):
