@@ -38,3 +38,12 @@ def test_a_regular_file_is_read_and_a_link_refused(tmp_path: Path) -> None:
         assert folder.read("missing.toml", if_link="") is None
         with pytest.raises(FileRefused, match="is a symbolic link"):
             folder.read("link.toml", if_link="replace it")
+
+
+def test_an_oversized_file_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """Whoever can write the folder may plant a huge (here sparse) file: it is refused
+    by its size, never read into memory."""
+    with open(tmp_path / "config.toml", "wb") as planted:
+        planted.truncate((16 << 20) + 1)
+    with Folder(tmp_path) as folder, pytest.raises(FileRefused, match=r"config.toml is over 16777216 bytes"):
+        folder.read("config.toml", if_link="")

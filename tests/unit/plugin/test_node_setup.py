@@ -435,6 +435,15 @@ def test_a_config_folder_that_leads_out_of_the_host_root_is_not_written_outside(
     assert sorted(p.name for p in outside.iterdir()) == ["config.toml"]
 
 
+def test_an_oversized_host_config_is_refused_and_left_alone(host: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = host / "etc/containerd/config.toml"
+    with open(config, "wb") as planted:
+        planted.truncate((16 << 20) + 1)
+    assert _node_setup(host, "--restart-mode", "none", "--timeout", "0.2") == 1
+    assert "config.toml is over 16777216 bytes" in capsys.readouterr().err
+    assert config.stat().st_size == (16 << 20) + 1 and sorted(p.name for p in config.parent.iterdir()) == [config.name]
+
+
 def _busybox() -> Path:
     from tests.testbed import debs, images
 
