@@ -41,6 +41,7 @@ import yaml
 
 from plugin.config import Settings, from_toml, parse_address
 from tests.testbed import debs, images
+from tests.testbed.bundle import MASKED_PATHS, READONLY_PATHS
 from tests.testbed.cri import CriClient, CriError
 from tests.testbed.gpunode import SimNode
 from tests.testbed.images import GLIBC
@@ -193,24 +194,6 @@ def _mounts(
     return mounts
 
 
-# What the kubelet hides of /proc and /sys in a container that is not privileged
-# (procMount: Default).
-_MASKED_PATHS = [
-    "/proc/asound",
-    "/proc/acpi",
-    "/proc/kcore",
-    "/proc/keys",
-    "/proc/latency_stats",
-    "/proc/timer_list",
-    "/proc/timer_stats",
-    "/proc/sched_debug",
-    "/proc/scsi",
-    "/sys/firmware",
-    "/sys/devices/virtual/powercap",
-]
-_READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
-
-
 def _profile(pb: Any, profile: dict[str, str] | None) -> Any:
     kinds = {"RuntimeDefault": pb.SecurityProfile.RuntimeDefault, "Unconfined": pb.SecurityProfile.Unconfined}
     return pb.SecurityProfile(profile_type=kinds[profile["type"]]) if profile else None
@@ -227,8 +210,8 @@ def _security_context(pb: Any, security: dict[str, Any], host_ns: Any) -> Any:
         seccomp=_profile(pb, security.get("seccompProfile")),
         apparmor=_profile(pb, security.get("appArmorProfile")),
         readonly_rootfs=bool(security.get("readOnlyRootFilesystem", False)),
-        masked_paths=[] if privileged else _MASKED_PATHS,
-        readonly_paths=[] if privileged else _READONLY_PATHS,
+        masked_paths=[] if privileged else list(MASKED_PATHS),
+        readonly_paths=[] if privileged else list(READONLY_PATHS),
     )
 
 

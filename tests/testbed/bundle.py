@@ -41,14 +41,15 @@ from typing import Any
 from . import debs, hostops, runtimes
 from .cache import cache_dir, locked
 
-__all__ = ["CGROUP_PARENT", "Container", "RuncHost", "busybox_rootfs"]
+__all__ = ["CGROUP_PARENT", "MASKED_PATHS", "READONLY_PATHS", "Container", "RuncHost", "busybox_rootfs"]
 
 CGROUP_PARENT = "nri-gpu-start-test"
 _BUSYBOX_DEB = ("busybox-static", "trixie", "1:1.37.0-*")
 _LIBC_DEBS = (("libc6", "bookworm", "2.36-*"), ("libc-bin", "bookworm", "2.36-*"))
 _PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# containerd's defaults for a non-privileged container (kubelet's ProcMount "Default").
-_MASKED = (
+# containerd's defaults for a non-privileged container (kubelet's ProcMount "Default");
+# tests/e2e/test_daemonset.py sends the same lists as the kubelet would.
+MASKED_PATHS = (
     "/proc/acpi",
     "/proc/asound",
     "/proc/kcore",
@@ -61,7 +62,7 @@ _MASKED = (
     "/sys/firmware",
     "/sys/devices/virtual/powercap",
 )
-_READONLY = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
+READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 _CAPS = [
     "CAP_CHOWN",
     "CAP_DAC_OVERRIDE",
@@ -288,8 +289,8 @@ class RuncHost:
             "linux": {
                 "namespaces": [{"type": t} for t in ("pid", "ipc", "uts", "mount", "network")],
                 "cgroupsPath": c.cgroups_path,
-                "maskedPaths": list(_MASKED),
-                "readonlyPaths": list(_READONLY),
+                "maskedPaths": list(MASKED_PATHS),
+                "readonlyPaths": list(READONLY_PATHS),
                 "resources": {"devices": [{"allow": False, "access": "rwm"}]},
             },
         }
