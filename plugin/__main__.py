@@ -312,13 +312,14 @@ def _cdi_generate(args: argparse.Namespace, engine: EngineConfig) -> int:
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     environ = os.environ if environ is None else environ
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.command is None:
         if not environ.get("NRI_PLUGIN_SOCKET"):
-            build_parser().print_help(sys.stderr)
+            parser.print_help(sys.stderr)
             return 2
         # Launched by the runtime from its plugin directory: no arguments at all.
-        args = build_parser().parse_args(["run"])
+        args = parser.parse_args(["run"])
     command: Command = args.func
     return command(args, environ)
 
