@@ -110,6 +110,11 @@ def test_log_parser_reads_the_decision_lines_and_nothing_else() -> None:
     assert log.errors == ("refused: why",)
 
 
+# The CDI part both runs take: two runs each of podman 4.3 and Docker 28.5, seeded;
+# assert_cdi_part(runs=2) reads them.
+_CDI_ARGS = ["--cdi-runs", "2", "--podman", "4.3.1", "--docker", "28.5.2", "--seed", "1"]
+
+
 def test_tiny_run_on_one_containerd(tmp_path: Path) -> None:
     reason = _preflight()
     if reason:
@@ -126,14 +131,7 @@ def test_tiny_run_on_one_containerd(tmp_path: Path) -> None:
         "4",
         "--profile-iterations",
         "20",
-        "--cdi-runs",
-        "2",
-        "--podman",
-        "4.3.1",
-        "--docker",
-        "28.5.2",
-        "--seed",
-        "1",
+        *_CDI_ARGS,
         "--output",
         str(out),
     ]
@@ -174,14 +172,7 @@ def test_cdi_only_run(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     argv = [
         "--cdi-only",
-        "--cdi-runs",
-        "2",
-        "--podman",
-        "4.3.1",
-        "--docker",
-        "28.5.2",
-        "--seed",
-        "1",
+        *_CDI_ARGS,
         "--hook-baseline",
         "HEAD",
         "--output",
