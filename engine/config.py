@@ -34,6 +34,13 @@ class EngineConfigError(EngineError, ValueError):
     def of(cls, key: str, problem: str) -> EngineConfigError:
         return cls(f"{key}: {problem}", key=key, problem=problem)
 
+    def flag_message(self) -> str:
+        """The message as a command line says it: the key named by its flag
+        (``engine.driver_root`` is ``--driver-root``); as is without a key."""
+        if not self.key:
+            return str(self)
+        return f"--{self.key.removeprefix('engine.').replace('_', '-')}: {self.problem}"
+
 
 _ROOT_KEYS = ("driver_root", "dev_root", "proc_root", "ldconfig", "host_root")
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from engine.cdi import HOOK_TIME_LIMIT
-from engine.config import LD_CACHE_MODES, EngineConfig
+from engine.config import LD_CACHE_MODES, EngineConfig, EngineConfigError
 from engine.errors import EngineError
 from engine.model import NvmlSnapshot
 from engine.request import parse_capabilities
@@ -136,8 +136,8 @@ def run(args: argparse.Namespace, stdin: TextIO) -> int:
                 ldconfig=args.ldconfig,
                 ld_cache=args.ld_cache,
             )
-        except EngineError as exc:
-            print(f"nri-gpu hook: {exc}", file=sys.stderr)
+        except EngineConfigError as exc:
+            print(f"nri-gpu hook: {exc.flag_message()}", file=sys.stderr)
             return 2
         return _start_container(args.capabilities, engine, stdin, deadline)
 

@@ -142,9 +142,7 @@ def load_config(args: argparse.Namespace, environ: Mapping[str, str]) -> Setting
             driver_root=args.driver_root, dev_root=args.dev_root, proc_root=args.proc_root, host_root=args.host_root
         )
     except EngineConfigError as exc:
-        # Only the root flags reach here, each named as its setting: engine.driver_root is --driver-root.
-        flag = "--" + exc.key.removeprefix("engine.").replace("_", "-")
-        raise ConfigError(f"{flag}: {exc.problem}" if exc.key else str(exc)) from exc
+        raise ConfigError(exc.flag_message()) from exc  # only the root flags reach here
     cdi = settings.cdi.with_overrides(spec=getattr(args, "cdi_spec", None))
     return Settings(plugin, engine, cdi)
 

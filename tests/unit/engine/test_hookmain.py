@@ -162,3 +162,11 @@ def test_what_the_spec_writes_takes_the_spec_form(caps: frozenset[Capability], l
 def test_any_other_form_is_left_to_argparse(words: list[str]) -> None:
     """Its answer (a message, exit status 2, help) stays argparse's."""
     assert hookmain.spec_form(words) is None
+
+
+def test_a_bad_root_is_named_by_the_hooks_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    """The hook has flags, not a config file: ``--driver-root``, not ``engine.driver_root``."""
+    args = hookmain.spec_form(["start-container", "--capabilities", "compute", "--driver-root", "run/nvidia"])
+    assert args is not None
+    assert hookmain.run(args, sys.stdin) == 2
+    assert capsys.readouterr().err == "nri-gpu hook: --driver-root: 'run/nvidia' must be an absolute path\n"
