@@ -17,8 +17,8 @@ most ``HEADER_TIMEOUT + SNAPSHOT_TIMEOUT + WRITE_TIMEOUT`` and holds at most
 ``MAX_REQUEST_BYTES``.
 
 At most ``MAX_CLIENTS`` connections are open. When a new one arrives at the
-limit, the oldest connection that has not sent a whole request yet is dropped
-to make room: a probe sends its request at once and is answered within a
+limit, the oldest connection that has not sent a whole request yet (or is
+lingering after a refusal, ``LINGER_BYTES``) is dropped to make room: a probe sends its request at once and is answered within a
 millisecond, so a crowd of idle or slow connections can delay it by nothing,
 and to push a probe out one must open ``MAX_CLIENTS`` connections within that
 millisecond.
@@ -227,9 +227,11 @@ class StatusServer:
             loop.close()
 
     def _admit(self, conn: _Connection) -> None:
-        """Take ``conn``; at the limit, drop the oldest connection still sending its request."""
+        """Take ``conn``; at the limit, drop the oldest connection still sending its
+        request, or lingering after its refusal (the answer is out: only its discard
+        is cut short)."""
         if len(self._connections) >= MAX_CLIENTS:
-            victim = next((c for c in self._connections if c.receiving), None)
+            victim = next((c for c in self._connections if c.receiving or c.lingering), None)
             if victim is None:
                 conn.abort()  # every slot is being answered; they are gone in a moment
                 return
@@ -296,7 +298,7 @@ class _Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
         self.receiving = True
-        self._lingering = False  # answered early: discarding what the client still sends
+        self.lingering = False  # answered early: discarding what the client still sends
         self._discarded = 0
         self._eof = False
 
@@ -308,7 +310,7 @@ class _Connection(asyncio.Protocol):
         self._server._admit(self)
 
     def data_received(self, data: bytes) -> None:
-        if self._lingering:
+        if self.lingering:
             self._discarded += len(data)
             if self._discarded > LINGER_BYTES:
                 self.abort()
@@ -328,7 +330,7 @@ class _Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         self._eof = True
-        if self._lingering:
+        if self.lingering:
             return None  # the client has sent everything and the answer is out: close
         if self.receiving:
             self.abort()  # half a request and nothing more to come
@@ -354,7 +356,7 @@ class _Connection(asyncio.Protocol):
         transport.write(response.encode())
         if linger and not self._eof and transport.can_write_eof():
             transport.write_eof()  # the answer, then our FIN; the socket closes at the client's
-            self._lingering = True
+            self.lingering = True
         else:
             transport.close()  # after the answer is flushed
         self._timer = asyncio.get_running_loop().call_later(WRITE_TIMEOUT, self.abort)

@@ -323,6 +323,29 @@ def test_probes_are_answered_while_clients_hold_connections(clients: int, kind: 
     run(main())
 
 
+def test_probes_are_answered_while_refused_clients_linger(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refusal answered before its request was read whole leaves the connection
+    lingering (read and discarded for up to WRITE_TIMEOUT): its answer is out, so at
+    the limit it makes room like an unfinished one. Else a crowd of oversized
+    request lines, renewed every WRITE_TIMEOUT, would turn every probe away."""
+    monkeypatch.setattr(httpd, "MAX_CLIENTS", 8)
+
+    async def main() -> None:
+        server = await started()
+        held = await _hold(server, 8, "idle")
+        try:
+            for writer in held:
+                writer.write(b"GET /" + b"a" * (httpd.MAX_REQUEST_LINE + 1))  # 414, and never the rest
+            await until(lambda: all(c.lingering for c in list(server._connections)))
+            assert (await get(server.port, "/healthz"))[0] == 200
+        finally:
+            for writer in held:
+                writer.close()
+            await server.stop()
+
+    run(main())
+
+
 def test_a_client_trickling_bytes_is_cut_off_at_the_header_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     """Sending a byte now and then does not keep a connection: the whole request has
     HEADER_TIMEOUT from the accept."""
