@@ -45,14 +45,23 @@ class Conflict:
 def spec_kind(folder_fd: int, name: str) -> str | None:
     """The ``kind`` of the spec ``name`` in the folder open as ``folder_fd``; None
     when it is no regular file, too big, unreadable or names no kind."""
+    # Links are followed, as the cache follows them; but the target is checked
+    # through an O_PATH handle and opened for reading only when it is a regular
+    # file: whoever can write the folder must not make us open a device or a FIFO.
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, dir_fd=folder_fd)
+        handle = os.open(name, os.O_PATH | os.O_CLOEXEC, dir_fd=folder_fd)
     except OSError:
         return None
     try:
-        info = os.fstat(fd)
+        info = os.fstat(handle)
         if not stat.S_ISREG(info.st_mode) or info.st_size > _SIZE_LIMIT:
             return None
+        fd = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    finally:
+        os.close(handle)
+    try:
         data = os.read(fd, _SIZE_LIMIT + 1)
     except OSError:
         return None

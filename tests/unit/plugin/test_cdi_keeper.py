@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import stat
 import threading
 import time
 from pathlib import Path
@@ -274,3 +275,25 @@ def test_a_keeper_that_stepped_aside_writes_once_the_other_spec_is_gone(
     assert not path.exists()
     (folder / "nvidia.yaml").unlink()
     assert _eventually(path.exists)
+
+
+def test_a_link_to_a_device_beside_the_spec_is_never_opened_for_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # cdi generate --output /tmp/x.json looks at every spec beside x.json; a user who
+    # can write that folder must not make root open a device (some act on open alone).
+    (tmp_path / "evil.json").symlink_to("/dev/null")
+    (tmp_path / "other.json").write_text('{"kind": "nvidia.com/gpu"}')
+    opened: list[str] = []
+    real_open = os.open
+
+    def spy(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        fd = real_open(path, flags, mode, dir_fd=dir_fd)
+        if not flags & os.O_PATH and stat.S_ISCHR(os.fstat(fd).st_mode):
+            opened.append(path)
+        return fd
+
+    monkeypatch.setattr(os, "open", spy)
+    found = conflicts(str(tmp_path / "nri-gpu.json"), spec_dirs=())
+    assert [c.other for c in found] == [str(tmp_path / "other.json")]
+    assert opened == []
