@@ -107,7 +107,10 @@ def fingerprint(config: EngineConfig) -> tuple[str, tuple[str, ...], tuple[str, 
     except DiscoveryError:
         fabric_paths = ()
     # nvidia-drm, too, may be loaded after us: its by-path links come with it.
-    drm_links = tuple(f"/dev/dri/by-path/{name}" for name in sorted(dev.listdir("/dev/dri/by-path"))[:1024])
+    try:
+        drm_links = tuple(f"/dev/dri/by-path/{name}" for name in dev.listdir("/dev/dri/by-path")[:1024])
+    except DiscoveryError:  # discovery warns and goes on; so does the fingerprint
+        drm_links = ()
     migs = tuple(_placement_folder(p) for p in _mig_placements(proc))
     return version, tuple(proc.listdir(_GPUS)), migs, fabric_paths + drm_links
 

@@ -147,6 +147,14 @@ def test_fingerprint_of_a_node_without_driver(tmp_path: Path) -> None:
     assert fingerprint(EngineConfig(proc_root=str(tmp_path), dev_root=str(tmp_path))) == ("", (), (), ())
 
 
+def test_an_unreadable_drm_folder_leaves_it_out_of_the_fingerprint(tmp_path: Path) -> None:
+    """As discovery warns and goes on, so does the fingerprint: it is taken at the
+    plugin's start and again every few seconds in CreateContainer."""
+    (tmp_path / "dev/dri").mkdir(parents=True)
+    (tmp_path / "dev/dri/by-path").symlink_to("by-path")  # a loop: ELOOP, not "missing"
+    assert fingerprint(EngineConfig(proc_root=str(tmp_path), dev_root=str(tmp_path))) == ("", (), (), ())
+
+
 # -- IPC endpoints: planted by whoever can write /tmp or /run on the node --------------
 #
 # The walk from the driver root must never follow a link and must accept only what only
