@@ -9,11 +9,11 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.testbed import hostops
+from tests.testbed import demo, hostops
 from tests.testbed.cri import CriClient, CriError
 from tests.testbed.images import BUSYBOX
 
-from .conftest import Testbed
+from .conftest import Testbed, _cannot_run, _preflight
 
 LONG_RUNNING = ["sh", "-c", "echo hello; sleep 3600"]
 
@@ -137,3 +137,19 @@ def test_readonly_and_privileged_containers(testbed: Testbed, cri: CriClient) ->
     assert code != 0 and "Read-only file system" in err
     priv = cri.run_container(pod, "priv", LONG_RUNNING, privileged=True, env={"FOO": "bar"})
     assert cri.exec_sync(priv, ["sh", "-c", "echo $FOO; mknod /tmp/n c 1 3 && echo made"])[1] == "bar\nmade\n"
+
+
+@pytest.mark.parametrize("runtime", ["podman", "docker"])
+def test_demo_through_a_cdi_runtime(runtime: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``hack/demo --runtime podman|docker`` (what the README offers) tells its story:
+    the GPUs' nodes and libcuda in the requesting container, nothing in the other, the
+    unknown device refused by name."""
+    reason = _preflight()
+    if reason:
+        _cannot_run(reason)
+    assert demo.main(["--runtime", runtime, "--gpus", "0"]) == 0
+    out = capsys.readouterr().out
+    asked, rest = out.split("(no --device): it asked for nothing and got nothing", 1)
+    assert "nvidiactl" in asked and "libcuda.so.1 " in asked, asked
+    assert "(no NVIDIA devices)" in rest and "libcuda.so.1 " not in rest, rest
+    assert "is refused (exit" in rest and "nvidia.com/gpu=7" in rest, rest
