@@ -19,7 +19,7 @@ from engine.report import inventory_to_dict, plan_to_dict
 from tests.unit.engine import golden
 from tests.unit.engine.test_cdi import GOLDEN as CDI_GOLDEN
 from tests.unit.engine.test_cdi import HOOK, _node
-from tests.unit.engine.test_plan import GOLDEN, UPDATE, Node, _normalize
+from tests.unit.engine.test_plan import GOLDEN, Node, _normalize
 from tests.unit.engine.test_plan_fabric import ALL_FEATURES
 
 # -- plans -------------------------------------------------------------------------------
@@ -59,13 +59,7 @@ def _scenario_result(node: Node) -> dict[str, Any]:
 def test_plan_golden(scenario: str, tmp_path: Path) -> None:
     node = Node(tmp_path / "node", real=True, **SCENARIOS[scenario])
     result = _scenario_result(node)
-    path = GOLDEN / f"plan-{scenario}.json"
-    if UPDATE or not path.exists():
-        if not UPDATE:
-            pytest.fail(f"{path} is missing; run with NRI_GPU_UPDATE_GOLDEN=1 to create it, then review it")
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(golden.dump(result))
-    assert result == json.loads(path.read_text())
+    golden.check(GOLDEN / f"plan-{scenario}.json", result)
 
 
 # -- fabric and I/O devices -----------------------------------------------------------
@@ -91,11 +85,7 @@ def test_fabric_golden(scenario: str, tmp_path: Path) -> None:
         except EngineError as exc:
             plans[name] = {"error": f"{type(exc).__name__}: {exc}"}
     result = _normalize({"inventory_fabric": inventory_to_dict(node.inventory).get("fabric"), "plans": plans}, node.sim)
-    path = GOLDEN / f"plan-{scenario}.json"
-    if UPDATE:
-        path.write_text(golden.dump(result))
-    assert path.exists(), f"{path} is missing; run with NRI_GPU_UPDATE_GOLDEN=1 to create it, then review it"
-    assert result == json.loads(path.read_text())
+    golden.check(GOLDEN / f"plan-{scenario}.json", result)
 
 
 # -- the CDI spec ------------------------------------------------------------------------
@@ -105,7 +95,4 @@ def test_cdi_golden_spec(tmp_path: Path) -> None:
     sim, config, inventory = _node(tmp_path / "node", gpus=2, real=True)
     text = json.dumps(cdi_spec(inventory, config, DEFAULT_CAPABILITIES, HOOK), indent=2, sort_keys=True)
     result = json.loads(text.replace(str(sim.root), "<ROOT>"))
-    if UPDATE:
-        CDI_GOLDEN.write_text(golden.dump(result))
-    assert CDI_GOLDEN.exists(), f"{CDI_GOLDEN} is missing; run with NRI_GPU_UPDATE_CDI_GOLDEN=1, then review it"
-    assert result == json.loads(CDI_GOLDEN.read_text())
+    golden.check(CDI_GOLDEN, result)

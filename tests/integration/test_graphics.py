@@ -22,7 +22,7 @@ from engine.model import DeviceKind, FileKind
 from engine.report import plan_text, plan_to_dict
 from tests.testbed.gpunode import DRM_MAJOR, SimNode
 from tests.unit.engine import golden
-from tests.unit.engine.test_plan import GOLDEN, UPDATE, Node, _normalize, cuda_12_4
+from tests.unit.engine.test_plan import GOLDEN, Node, _normalize, cuda_12_4
 
 LIB = "/usr/lib/x86_64-linux-gnu"
 VULKAN_ICD = "/etc/vulkan/icd.d/nvidia_icd.json"
@@ -208,11 +208,7 @@ def test_golden(scenario: str, tmp_path: Path) -> None:
             plans[name] = {"error": f"{type(exc).__name__}: {exc}"}
     drm_nodes = {d.bus_id: [n.path for n in d.nodes] for d in node.inventory.drm}
     result = _normalize({"drm": drm_nodes, "plans": plans}, node.sim)
-    path = GOLDEN / f"plan-{scenario}.json"
-    if UPDATE:
-        path.write_text(golden.dump(result))
-    assert path.exists(), f"{path} is missing; run with NRI_GPU_UPDATE_GOLDEN=1 to create it, then review it"
-    assert result == json.loads(path.read_text())
+    golden.check(GOLDEN / f"plan-{scenario}.json", result)
 
 
 def test_a_cdi_spec_with_graphics_gives_each_gpu_its_drm_nodes(four: Node) -> None:

@@ -8,7 +8,6 @@ itself runs under runc in tests/e2e/test_cdi.py.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,6 @@ from engine.request import ByIndex, GpuRequest, Selection
 from tests.testbed.gpunode import FIXTURE_DRIVER, FIXTURE_NO_DRIVER, SimNode, build_node
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "cdi-2-gpu.json"
-UPDATE = os.environ.get("NRI_GPU_UPDATE_GOLDEN") == "1"
 HOOK = hook_command("/usr/bin/nri-gpu", EngineConfig(), DEFAULT_CAPABILITIES)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -136,6 +135,4 @@ def test_golden_completion_plan(node: Node) -> None:
     caps = frozenset({Capability.COMPUTE, Capability.UTILITY})
     done = completion(have, node.inventory, node.config, caps, {LIBCUDA, ml})
     result = json.loads(json.dumps(plan_to_dict(done), sort_keys=True).replace(str(node.sim.root), "<ROOT>"))
-    if os.environ.get("NRI_GPU_UPDATE_GOLDEN") == "1":
-        GOLDEN.write_text(golden.dump(result))
-    assert result == json.loads(GOLDEN.read_text())
+    golden.check(GOLDEN, result)

@@ -31,7 +31,6 @@ from engine.request import ContainerInfo, parse_request
 from tests.testbed.gpunode import FIXTURE_DRIVER, FIXTURE_NO_DRIVER, SimNode, build_node
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
-UPDATE = os.environ.get("NRI_GPU_UPDATE_GOLDEN") == "1"
 
 
 def cuda_12_4(path: str) -> tuple[str | None, str | None]:
