@@ -435,8 +435,9 @@ def test_connections_never_exceed_the_limit(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_health_and_metrics_are_computed_on_the_nri_loops_thread() -> None:
-    """The metrics registry and the stub are not thread-safe: the status thread only
-    asks the loop that started it for them."""
+    """The stub is not thread-safe, and the metrics read it (the ``registered``
+    gauge's function): the status thread only asks the loop that started it for
+    them. (prometheus_client's registry alone would be safe on any thread.)"""
     threads: list[int] = []
 
     class Metrics(PluginMetrics):
