@@ -47,7 +47,6 @@ CAPS = "capabilities"
 _COPIED = ("version", "registry")
 _LIMIT = 1 << 20
 _NOFOLLOW = syscalls.RESOLVE_NO_SYMLINKS  # /proc paths: procfs has no plain symlinks on them
-_CLONE = syscalls.OPEN_TREE_CLONE | syscalls.OPEN_TREE_CLOEXEC | syscalls.AT_RECURSIVE | syscalls.AT_SYMLINK_NOFOLLOW
 # A clone of what an fd already names (opened with ``_NOFOLLOW``: no link on the way).
 _CLONE_FD = syscalls.OPEN_TREE_CLONE | syscalls.OPEN_TREE_CLOEXEC | syscalls.AT_RECURSIVE | syscalls.AT_EMPTY_PATH
 
@@ -240,16 +239,19 @@ def _read_sources(source: int) -> dict[str, tuple[bytes, int]]:
 
 
 def _clone_gpus(source: int, bus_ids: tuple[str, ...]) -> dict[str, int]:
-    """A detached copy of ``gpus/<bus>`` per bus id."""
+    """A detached copy of ``gpus/<bus>`` per bus id, each opened first as the
+    capability files are (no link on the way, ``gpus`` included)."""
     clones: dict[str, int] = {}
     try:
         for bus in bus_ids:
+            path = f"gpus/{bus}"
             try:
-                clones[bus] = syscalls.open_tree(source, f"gpus/{bus}", _CLONE)
+                fd = syscalls.openat2(source, path, os.O_PATH | os.O_DIRECTORY, resolve=_NOFOLLOW)
             except OSError as exc:
                 if exc.errno in (errno.ENOENT, errno.ENOTDIR):
                     raise WorkError(f"bus id {bus} is not on this node") from exc
-                raise WorkError(describe(exc, f"driver/nvidia/gpus/{bus}")) from exc
+                raise WorkError(describe(exc, f"driver/nvidia/{path}")) from exc
+            clones[bus] = _clone(fd, path)
     except BaseException:
         for fd in clones.values():
             os.close(fd)

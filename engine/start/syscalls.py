@@ -20,7 +20,6 @@ __all__ = [
     "AT_EMPTY_PATH",
     "AT_FDCWD",
     "AT_RECURSIVE",
-    "AT_SYMLINK_NOFOLLOW",
     "CLONE_NEWIPC",
     "CLONE_NEWNET",
     "CLONE_NEWNS",
@@ -70,7 +69,6 @@ CLONE_NEWPID = 0x20000000
 
 # <linux/fcntl.h>, <linux/mount.h>
 AT_FDCWD = -100
-AT_SYMLINK_NOFOLLOW = 0x100
 AT_EMPTY_PATH = 0x1000
 AT_RECURSIVE = 0x8000
 OPEN_TREE_CLONE = 1

@@ -3,6 +3,9 @@ each does without a driver tree (the views themselves: tests/integration)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from engine.start import procsource, procview
@@ -41,3 +44,22 @@ def test_a_host_directory_is_taken_on_the_host_or_not_at_all() -> None:
         missing.take_outside(BUS, (), False)
     with pytest.raises(WorkError, match="not taken before entering the container"):
         missing.take_inside(None, BUS, (), False)
+
+
+def test_a_host_directorys_links_and_fifos_are_refused_not_followed(tmp_path: Path) -> None:
+    """Each file and GPU folder is opened without following a link (a FIFO would
+    block a plain read); a simulated node's tree is a real directory, with real links."""
+    if os.geteuid() != 0:
+        pytest.skip("cloning a mount (open_tree) needs root")
+    tree = tmp_path / "nvidia"
+    (tree / "gpus").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (tree / "gpus" / BUS[0]).symlink_to("../../elsewhere")
+    with pytest.raises(WorkError, match=rf"^driver/nvidia/gpus/{BUS[0]}: "):
+        procsource.HostDirectory(str(tree)).take_outside(BUS, (), False)
+    (tree / "params").symlink_to("/etc/shadow")
+    with pytest.raises(WorkError, match=r"^driver/nvidia/params: "):
+        procsource.HostDirectory(str(tree)).take_outside((), (), False)
+    os.mkfifo(tree / "version")
+    with pytest.raises(WorkError, match=r"^driver/nvidia/version: not a regular file$"):
+        procsource.HostDirectory(str(tree)).take_outside((), (), False)
