@@ -54,7 +54,10 @@ def describe(exc: OSError, path: str) -> str:
     """A reader's sentence for ``exc`` on the container path ``path``."""
     code = exc.errno
     if code == errno.ELOOP:
-        return f"{path}: refused: its resolution meets a /proc magic link (or a symlink loop)"
+        # O_NOFOLLOW and RESOLVE_NO_SYMLINKS/NO_MAGICLINKS all answer ELOOP.
+        return (
+            f"{path}: refused: its resolution meets a link not followed here (a symlink, a /proc magic link or a loop)"
+        )
     if code == errno.EXDEV:
         return (
             f"{path}: refused: it leads out of the container's root file system "
