@@ -1,0 +1,627 @@
+//! The `rebuild` ld.so.cache mode (`ldrebuild`) on a fake container root, as
+//! tests/integration/test_start.py holds the Python's on runc containers: the
+//! host's static ldconfig rebuilds the cache of a root made of a few host
+//! libraries, and static probes compiled here stand in for ldconfig to report
+//! how it runs (confined, in namespaces of its own), to fail, to crash and to hang.
+//!
+//! `harness = false`: the mounts need a private mount namespace, and
+//! `unshare(CLONE_NEWNS)` is refused in a multi-threaded process such as
+//! libtest's runner. Needs root; skipped with a message otherwise. The probe
+//! cases need `gcc` with a static libc: skipped with a message without one.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fs;
+use std::os::raw::{c_char, c_int, c_ulong, c_void};
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::os::unix::io::AsRawFd;
+use std::panic::{self, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nri_gpu_hook::ldrebuild::{self, Trusted};
+use nri_gpu_hook::model::LdCacheEntry;
+use nri_gpu_hook::rootdir::RootDir;
+use nri_gpu_hook::sys;
+
+extern "C" {
+    fn unshare(flags: c_int) -> c_int;
+    fn mount(
+        source: *const c_char,
+        target: *const c_char,
+        fstype: *const c_char,
+        flags: c_ulong,
+        data: *const c_void,
+    ) -> c_int;
+    fn chown(path: *const c_char, uid: u32, gid: u32) -> c_int;
+}
+
+const MS_BIND: c_ulong = 0x1000;
+const MS_REC: c_ulong = 0x4000;
+const LDCONFIG: &str = "/sbin/ldconfig";
+const ARGV: &str = "ldconfig,-X,-i,-f,/etc/ld.so.conf,-C,/proc/ld.so.cache";
+
+/// tests/integration/test_start.py's probe, which also counts what it sees of
+/// the container's second procfs mount (`/srv/proc`).
+const PROBE_C: &str = r#"
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <linux/capability.h>
+extern char **environ;
+static int entries(const char *path) {
+    int n = 0;
+    DIR *d = opendir(path);
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        n += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    return n;
+}
+int main(int argc, char **argv) {
+    struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct d[2];
+    struct rlimit cpu, fsize;
+    int envc = 0;
+    char cwd[256];
+    while (environ[envc]) envc++;
+    syscall(SYS_capget, &h, d);
+    getrlimit(RLIMIT_CPU, &cpu);
+    getrlimit(RLIMIT_FSIZE, &fsize);
+    printf("argv=");
+    for (int i = 0; i < argc; i++)
+        printf("%s%s", i ? "," : "", argv[i]);
+    printf(" uid=%d gid=%d groups=%d", (int)getuid(), (int)getgid(), getgroups(0, NULL));
+    printf(" env=%d pid=%d ppid=%d caps=%x:%x nnp=%d cpu=%ld fsize=%ld proc=%d srvproc=%d cwd=%s open=%d"
+           " dumpable=%d writable=%d\n",
+           envc, getpid(), getppid(), d[1].effective | d[1].permitted, d[0].effective | d[0].permitted,
+           prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0), (long)cpu.rlim_cur, (long)fsize.rlim_cur, entries("/proc"),
+           entries("/srv/proc"), getcwd(cwd, sizeof cwd), (int)(fcntl(3, F_GETFD) >= 0),
+           prctl(PR_GET_DUMPABLE, 0, 0, 0, 0), access("/tmp", W_OK) == 0);
+    return 1;
+}
+"#;
+const FAILING_C: &str =
+    "#include <stdio.h>\nint main(void) { fprintf(stderr, \"ldconfig: something broke\\n\"); return 3; }\n";
+const CRASHING_C: &str = "#include <stdio.h>\nint main(void) { puts(\"about to crash\"); fflush(stdout); \
+                          *(volatile int *)0 = 1; return 0; }\n";
+const SLEEPER_C: &str = "#include <unistd.h>\nint main(void) { for (;;) pause(); }\n";
+
+fn main() {
+    if sys::uid() != 0 {
+        println!("ldrebuild: skipped: needs root (a private mount namespace, mounts, a change of uid)");
+        return;
+    }
+    sys::exit_after(300.0, "ldrebuild: timed out after 300 s\n").expect("alarm");
+    // SAFETY: a plain syscall; this process has one thread (no test harness).
+    if unsafe { unshare(sys::CLONE_NEWNS) } != 0 {
+        panic!("unshare(CLONE_NEWNS): {}", std::io::Error::last_os_error());
+    }
+    let slash = sys::openat_fd(sys::AT_FDCWD, "/", sys::O_PATH | sys::O_DIRECTORY, 0).expect("open /");
+    sys::mount_setattr(slash.as_raw_fd(), "", sys::AT_EMPTY_PATH | sys::AT_RECURSIVE, 0, 0, sys::MS_PRIVATE)
+        .expect("make / rprivate");
+    let base = std::env::temp_dir().join(format!("nri-gpu-ldrebuild-{}", std::process::id()));
+    fs::create_dir(&base).expect("temporary directory");
+    let scratch = sys::new_tmpfs(&[("mode", "0755")], false).expect("a tmpfs");
+    let at = sys::openat_fd(sys::AT_FDCWD, path_str(&base), sys::O_PATH | sys::O_DIRECTORY, 0).expect("open base");
+    sys::move_mount(scratch.as_raw_fd(), "", at.as_raw_fd(), "", EMPTY_BOTH).expect("mount the tmpfs");
+    drop(at);
+
+    let probes = compile_probes(&base.join("probes"));
+    let tests: Vec<(&str, Test)> = vec![
+        ("the_rebuilt_cache_lists_the_images_libraries", the_rebuilt_cache_lists_the_images_libraries),
+        ("nothing_but_the_cache_is_written", nothing_but_the_cache_is_written),
+        ("cache_lists_reads_the_installed_cache", cache_lists_reads_the_installed_cache),
+        ("the_procfs_mounts_are_those_under_the_root", the_procfs_mounts_are_those_under_the_root),
+        ("a_dynamic_ldconfig_is_refused", a_dynamic_ldconfig_is_refused),
+        ("an_ldconfig_anyone_but_root_may_change_is_refused", an_ldconfig_anyone_but_root_may_change_is_refused),
+        (
+            "a_missing_or_oversized_or_non_elf_ldconfig_is_refused",
+            a_missing_or_oversized_or_non_elf_ldconfig_is_refused,
+        ),
+        ("a_root_without_proc_fails_before_running_ldconfig", a_root_without_proc_fails_before_running_ldconfig),
+        ("ldconfig_runs_confined", ldconfig_runs_confined),
+        ("a_failing_ldconfig_is_reported_with_its_output", a_failing_ldconfig_is_reported_with_its_output),
+        ("a_crashing_ldconfig_is_reported_with_its_signal", a_crashing_ldconfig_is_reported_with_its_signal),
+        ("a_hanging_ldconfig_is_killed_at_the_deadline", a_hanging_ldconfig_is_killed_at_the_deadline),
+        ("ldconfig_runs_in_namespaces_of_its_own", ldconfig_runs_in_namespaces_of_its_own),
+    ];
+    let static_ldconfig = is_static(LDCONFIG);
+    let mut failed = Vec::new();
+    let mut skipped = 0;
+    for (index, (name, test)) in tests.iter().enumerate() {
+        let env = Env {
+            dir: base.join(format!("t{}", index)),
+            probes: probes.clone(),
+            static_ldconfig: static_ldconfig.clone(),
+        };
+        fs::create_dir(&env.dir).expect("test directory");
+        let outcome = panic::catch_unwind(AssertUnwindSafe(|| test(&env)));
+        let said = match &outcome {
+            Ok(Outcome::Ran) => "ok",
+            Ok(Outcome::Skipped(why)) => {
+                skipped += 1;
+                println!("  ({})", why);
+                "skipped"
+            }
+            Err(_) => "FAILED",
+        };
+        println!("test {} ... {}", name, said);
+        if outcome.is_err() {
+            failed.push(*name);
+        }
+    }
+    let done = sys::fchdir_fd(slash.as_raw_fd())
+        .and_then(|()| sys::umount2_name(path_str(&base).trim_start_matches('/'), sys::MNT_DETACH));
+    done.expect("unmount the tmpfs");
+    fs::remove_dir(&base).expect("remove the temporary directory");
+    println!(
+        "\nldrebuild: {} passed; {} failed; {} skipped",
+        tests.len() - failed.len() - skipped,
+        failed.len(),
+        skipped
+    );
+    if !failed.is_empty() {
+        println!("failed: {}", failed.join(", "));
+        std::process::exit(1);
+    }
+}
+
+type Test = fn(&Env) -> Outcome;
+
+enum Outcome {
+    Ran,
+    Skipped(String),
+}
+
+const EMPTY_BOTH: u32 = sys::MOVE_MOUNT_F_EMPTY_PATH | sys::MOVE_MOUNT_T_EMPTY_PATH;
+
+struct Env {
+    dir: PathBuf,
+    probes: Result<Probes, String>,
+    static_ldconfig: Result<(), String>,
+}
+
+#[derive(Clone)]
+struct Probes {
+    probe: PathBuf,
+    failing: PathBuf,
+    crashing: PathBuf,
+    sleeper: PathBuf,
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().expect("a UTF-8 path")
+}
+
+fn cstr(path: &Path) -> CString {
+    CString::new(path_str(path)).expect("no NUL")
+}
+
+fn is_static(path: &str) -> Result<(), String> {
+    match Command::new("file").arg("-L").arg(path).output() {
+        Ok(out)
+            if String::from_utf8_lossy(&out.stdout).contains("statically linked")
+                || String::from_utf8_lossy(&out.stdout).contains("static-pie linked") =>
+        {
+            Ok(())
+        }
+        Ok(out) => Err(format!("{} is not static: {}", path, String::from_utf8_lossy(&out.stdout).trim())),
+        Err(_) if Path::new(path).exists() => Ok(()), // no `file`: let the hook's own check decide
+        Err(e) => Err(format!("{}: {}", path, e)),
+    }
+}
+
+/// The static probes, compiled once (`gcc -static`); why not, when they cannot be.
+fn compile_probes(dir: &Path) -> Result<Probes, String> {
+    fs::create_dir(dir).expect("probe directory");
+    let build = |name: &str, source: &str| -> Result<PathBuf, String> {
+        let c = dir.join(format!("{}.c", name));
+        fs::write(&c, source).expect("probe source");
+        let out = dir.join(name);
+        let made = Command::new("gcc").args(["-static", "-O", "-o"]).arg(&out).arg(&c).output();
+        match made {
+            Ok(made) if made.status.success() => Ok(out),
+            Ok(made) => Err(format!("gcc -static failed: {}", String::from_utf8_lossy(&made.stderr).trim())),
+            Err(e) => Err(format!("no gcc: {}", e)),
+        }
+    };
+    Ok(Probes {
+        probe: build("probe", PROBE_C)?,
+        failing: build("failing", FAILING_C)?,
+        crashing: build("crashing", CRASHING_C)?,
+        sleeper: build("sleeper", SLEEPER_C)?,
+    })
+}
+
+// ---------------------------------------------------------------- the container
+
+/// A host library's real file (followed from its SONAME in the usual folders).
+fn host_libz() -> PathBuf {
+    for dir in ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/lib64", "/lib64"]
+    {
+        if let Ok(real) = fs::canonicalize(Path::new(dir).join("libz.so.1")) {
+            return real;
+        }
+    }
+    panic!("no libz.so.1 on the host");
+}
+
+fn write(path: &Path, data: &[u8], mode: u32) {
+    fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
+    fs::write(path, data).expect("write");
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// A container root under `env.dir`, a mount of its own (as runc's bind of the
+/// bundle's rootfs onto itself): an `ld.so.conf` including `ld.so.conf.d`, which
+/// names `/opt/lib` (libz and its SONAME link, as an image has them); a second
+/// libz in the multiarch folder without its SONAME link (ldconfig `-X` makes
+/// none); an image cache that is garbage; the host's `/proc` (with its
+/// submounts) at `/proc` and again at `/srv/proc`.
+fn container(env: &Env, with_proc: bool) -> PathBuf {
+    let root = env.dir.join("root");
+    let libz = host_libz();
+    let data = fs::read(&libz).expect("read libz");
+    let name = libz.file_name().and_then(|n| n.to_str()).expect("libz's name").to_string();
+    write(&root.join("etc/ld.so.conf"), b"include /etc/ld.so.conf.d/*.conf\n", 0o644);
+    write(&root.join("etc/ld.so.conf.d/opt.conf"), b"/opt/lib\n", 0o644);
+    write(&root.join("etc/ld.so.cache"), b"an old cache of the image's\n", 0o644);
+    write(&root.join("opt/lib").join(&name), &data, 0o644);
+    symlink(&name, root.join("opt/lib/libz.so.1")).expect("soname link");
+    write(&root.join("usr/lib/x86_64-linux-gnu/libz.so.1.2.99"), &data, 0o644);
+    fs::create_dir_all(root.join("var/cache/ldconfig")).expect("mkdir");
+    fs::create_dir_all(root.join("tmp")).expect("mkdir");
+    fs::set_permissions(root.join("tmp"), fs::Permissions::from_mode(0o1777)).expect("chmod");
+    bind(&root, &root, 0);
+    if with_proc {
+        for point in ["proc", "srv/proc"] {
+            fs::create_dir_all(root.join(point)).expect("mkdir");
+            bind(Path::new("/proc"), &root.join(point), MS_REC);
+        }
+    }
+    root
+}
+
+fn bind(source: &Path, target: &Path, flags: c_ulong) {
+    let (s, t) = (cstr(source), cstr(target));
+    // SAFETY: NUL-terminated paths of ours; in this process's private mount namespace.
+    let done = unsafe { mount(s.as_ptr(), t.as_ptr(), std::ptr::null(), MS_BIND | flags, std::ptr::null()) };
+    assert_eq!(done, 0, "bind {:?} on {:?}: {}", source, target, std::io::Error::last_os_error());
+}
+
+fn open_root(root: &Path) -> RootDir {
+    RootDir::open_path(path_str(root)).expect("open the root")
+}
+
+fn trusted(root: &Path, ldconfig: &Path) -> Result<Trusted, String> {
+    ldrebuild::trusted_here(&open_root(root), path_str(root), path_str(ldconfig)).map_err(|e| e.0)
+}
+
+/// Rebuild `root`'s cache with `ldconfig` (the deadline `seconds` away).
+fn rebuild(root: &Path, ldconfig: &Path, seconds: f64) -> Result<f64, String> {
+    let live = open_root(root);
+    let trusted = ldrebuild::trusted_here(&live, path_str(root), path_str(ldconfig)).map_err(|e| e.0)?;
+    let copy = live.detached_copy().expect("the root's copy");
+    ldrebuild::run(&copy, &trusted, Instant::now() + Duration::from_secs_f64(seconds)).map_err(|e| e.0)
+}
+
+/// `ldconfig -p` of the cache at `path`.
+fn listed(path: &Path) -> String {
+    let out = Command::new(LDCONFIG).arg("-p").arg("-C").arg(path).output().expect("ldconfig -p");
+    assert!(out.status.success(), "ldconfig -p: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every file, link and folder under `root` on its own mount (procfs mounts left
+/// out): kind, mode, owner, size, link target, and for files and links their
+/// inode and mtime (a folder's change as its entries change).
+fn snapshot(root: &Path) -> BTreeMap<String, String> {
+    let mut found = BTreeMap::new();
+    let dev = fs::symlink_metadata(root).expect("stat root").dev();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for entry in fs::read_dir(&dir).expect("read_dir") {
+            let path = entry.expect("entry").path();
+            let meta = fs::symlink_metadata(&path).expect("lstat");
+            let name = path.strip_prefix(root).expect("under root").to_string_lossy().into_owned();
+            let mut said = format!("{:o} {}:{} {}", meta.mode(), meta.uid(), meta.gid(), meta.len());
+            if meta.file_type().is_symlink() {
+                said += &format!(" -> {:?}", fs::read_link(&path).expect("readlink"));
+            }
+            if !meta.is_dir() {
+                said += &format!(" ino {} mtime {}.{}", meta.ino(), meta.mtime(), meta.mtime_nsec());
+            } else if meta.dev() == dev {
+                todo.push(path);
+            }
+            found.insert(name, said);
+        }
+    }
+    found
+}
+
+fn require(env: &Env) -> Result<&Probes, Outcome> {
+    env.static_ldconfig.as_ref().map_err(|why| Outcome::Skipped(why.clone()))?;
+    env.probes.as_ref().map_err(|why| Outcome::Skipped(why.clone()))
+}
+
+macro_rules! needs {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(outcome) => return outcome,
+        }
+    };
+}
+
+fn needs_ldconfig(env: &Env) -> Result<(), Outcome> {
+    env.static_ldconfig.as_ref().map(|_| ()).map_err(|why| Outcome::Skipped(why.clone()))
+}
+
+// ---------------------------------------------------------------- the cases
+
+fn the_rebuilt_cache_lists_the_images_libraries(env: &Env) -> Outcome {
+    needs!(needs_ldconfig(env));
+    let root = container(env, true);
+    let took = rebuild(&root, Path::new(LDCONFIG), 30.0).expect("rebuild");
+    assert!(took > 0.0 && took < 30_000.0, "{} ms", took);
+    let text = listed(&root.join("etc/ld.so.cache"));
+    let line =
+        text.lines().find(|l| l.trim_start().starts_with("libz.so.1 (libc6,")).unwrap_or_else(|| panic!("{}", text));
+    assert!(line.ends_with(" => /opt/lib/libz.so.1"), "{}", text);
+    let info = fs::symlink_metadata(root.join("etc/ld.so.cache")).expect("the cache");
+    assert!(info.is_file() && info.mode() & 0o7777 == 0o644 && info.uid() == 0, "{:o}", info.mode());
+    // The container's own mounts are as they were: its /proc not covered, its root writable.
+    assert!(root.join("proc/self/status").exists());
+    fs::write(root.join("tmp/after"), b"x").expect("the root stays writable");
+    Outcome::Ran
+}
+
+fn nothing_but_the_cache_is_written(env: &Env) -> Outcome {
+    needs!(needs_ldconfig(env));
+    let root = container(env, true);
+    let before = snapshot(&root);
+    rebuild(&root, Path::new(LDCONFIG), 30.0).expect("rebuild");
+    let mut after = snapshot(&root);
+    let (old, new) = (before.get("etc/ld.so.cache").cloned(), after.get("etc/ld.so.cache").cloned());
+    assert_ne!(old, new, "the cache was replaced");
+    let mut before = before;
+    before.remove("etc/ld.so.cache");
+    after.remove("etc/ld.so.cache");
+    // No SONAME link for the multiarch libz (-X), no aux cache, no temporary left.
+    assert_eq!(before, after);
+    Outcome::Ran
+}
+
+fn cache_lists_reads_the_installed_cache(env: &Env) -> Outcome {
+    needs!(needs_ldconfig(env));
+    let root = container(env, true);
+    let entry = |path: &str| LdCacheEntry {
+        name: "libz.so.1".into(),
+        path: path.into(),
+        flags: 0x303,
+        is_64bit: true,
+        hwcap: 0,
+        osversion: 0,
+    };
+    let copy = open_root(&root).detached_copy().expect("copy");
+    let ours = [entry("/opt/lib/libz.so.1")];
+    assert!(!ldrebuild::cache_lists(&copy, &ours, None), "the image's garbage cache lists nothing");
+    rebuild(&root, Path::new(LDCONFIG), 30.0).expect("rebuild");
+    assert!(ldrebuild::cache_lists(&copy, &ours, None));
+    assert!(ldrebuild::cache_lists(&copy, &ours, Some(Instant::now() + Duration::from_secs(5))));
+    assert!(!ldrebuild::cache_lists(&copy, &[entry("/opt/lib/libz.so.1"), entry("/opt/lib/libnone.so.1")], None));
+    assert!(!ldrebuild::cache_lists(&copy, &[], None), "no entries: nothing to go by");
+    fs::remove_file(root.join("etc/ld.so.cache")).expect("rm");
+    assert!(!ldrebuild::cache_lists(&copy, &ours, None));
+    Outcome::Ran
+}
+
+fn the_procfs_mounts_are_those_under_the_root(env: &Env) -> Outcome {
+    needs!(needs_ldconfig(env));
+    let root = container(env, true);
+    let found = trusted(&root, Path::new(LDCONFIG)).expect("trusted");
+    // The host's /proc is not under the root; the submounts of a bound /proc are
+    // covered with it.
+    assert_eq!(found.proc_mounts, vec!["/proc".to_string(), "/srv/proc".to_string()]);
+    assert_eq!(found.path, LDCONFIG);
+    // A path with a trailing slash and one through a link name the same root.
+    let slashed = format!("{}/", path_str(&root));
+    let again = ldrebuild::trusted_here(&open_root(&root), &slashed, LDCONFIG).expect("trusted");
+    assert_eq!(again.proc_mounts, found.proc_mounts);
+    let link = env.dir.join("link");
+    symlink(&root, &link).expect("link");
+    let again = ldrebuild::trusted_here(&open_root(&root), path_str(&link), LDCONFIG).expect("trusted");
+    assert_eq!(again.proc_mounts, found.proc_mounts);
+    Outcome::Ran
+}
+
+fn a_dynamic_ldconfig_is_refused(env: &Env) -> Outcome {
+    let root = container(env, false);
+    let dynamic = fs::canonicalize("/usr/bin/true").expect("true");
+    let err = trusted(&root, &dynamic).expect_err("refused");
+    let expected = format!(
+        "{} is dynamically linked (interpreter /lib64/ld-linux-x86-64.so.2): inside the container it would be \
+         loaded by the image's own loader; configure a statically linked ldconfig",
+        path_str(&dynamic)
+    );
+    if cfg!(target_arch = "x86_64") {
+        assert_eq!(err, expected);
+    } else {
+        assert!(err.contains(" is dynamically linked (interpreter /lib/ld-linux"), "{}", err);
+    }
+    Outcome::Ran
+}
+
+fn an_ldconfig_anyone_but_root_may_change_is_refused(env: &Env) -> Outcome {
+    needs!(needs_ldconfig(env));
+    let root = container(env, false);
+    let copy = env.dir.join("ldconfig");
+    fs::copy(LDCONFIG, &copy).expect("copy ldconfig");
+    let name = path_str(&copy).to_string();
+    let refused = format!("{}: must be owned by root and writable by root only", name);
+    for mode in [0o775, 0o757, 0o777] {
+        fs::set_permissions(&copy, fs::Permissions::from_mode(mode)).expect("chmod");
+        assert_eq!(trusted(&root, &copy).err().as_deref(), Some(refused.as_str()), "{:o}", mode);
+    }
+    fs::set_permissions(&copy, fs::Permissions::from_mode(0o755)).expect("chmod");
+    let c = cstr(&copy);
+    // SAFETY: a NUL-terminated path of ours.
+    assert_eq!(unsafe { chown(c.as_ptr(), 1000, 0) }, 0);
+    assert_eq!(trusted(&root, &copy).err().as_deref(), Some(refused.as_str()));
+    // SAFETY: as above.
+    assert_eq!(unsafe { chown(c.as_ptr(), 0, 0) }, 0);
+    fs::set_permissions(&copy, fs::Permissions::from_mode(0o644)).expect("chmod");
+    assert_eq!(trusted(&root, &copy).err(), Some(format!("{}: not an executable file", name)));
+    fs::set_permissions(&copy, fs::Permissions::from_mode(0o700)).expect("chmod");
+    trusted(&root, &copy).expect("root's own, executable: accepted");
+    Outcome::Ran
+}
+
+fn a_missing_or_oversized_or_non_elf_ldconfig_is_refused(env: &Env) -> Outcome {
+    let root = container(env, false);
+    let missing = env.dir.join("none");
+    assert_eq!(trusted(&root, &missing).err(), Some(format!("{}: No such file or directory", path_str(&missing))));
+    assert_eq!(trusted(&root, &env.dir).err(), Some(format!("{}: not an executable file", path_str(&env.dir))));
+    let big = env.dir.join("big");
+    fs::File::create(&big).and_then(|f| f.set_len((64 << 20) + 1)).expect("a sparse file");
+    fs::set_permissions(&big, fs::Permissions::from_mode(0o755)).expect("chmod");
+    assert_eq!(
+        trusted(&root, &big).err(),
+        Some(format!("{}: 67108865 bytes, over the limit of 67108864 bytes for ldconfig", path_str(&big)))
+    );
+    let script = env.dir.join("script");
+    write(&script, b"#!/bin/sh\nexit 0\n", 0o755);
+    assert_eq!(trusted(&root, &script).err(), Some(format!("{}: not an ELF file", path_str(&script))));
+    Outcome::Ran
+}
+
+fn a_root_without_proc_fails_before_running_ldconfig(env: &Env) -> Outcome {
+    needs!(needs_ldconfig(env));
+    let root = container(env, false);
+    let err = rebuild(&root, Path::new(LDCONFIG), 30.0).expect_err("no /proc to attach the output over");
+    assert_eq!(
+        err,
+        format!(
+            "{} exited with status 127: nri-gpu: before running ldconfig: \
+             [Errno 2] /proc: openat2('/proc'): No such file or directory",
+            LDCONFIG
+        )
+    );
+    assert_eq!(fs::read(root.join("etc/ld.so.cache")).expect("cache"), b"an old cache of the image's\n");
+    Outcome::Ran
+}
+
+fn ldconfig_runs_confined(env: &Env) -> Outcome {
+    let probes = needs!(require(env));
+    let root = container(env, true);
+    let err = rebuild(&root, &probes.probe, 30.0).expect_err("the probe fails, its report the message");
+    let prefix = format!("{} exited with status 1: ", path_str(&probes.probe));
+    let said = err.strip_prefix(&prefix).unwrap_or_else(|| panic!("{}", err));
+    let report: BTreeMap<&str, &str> = said.split_whitespace().filter_map(|item| item.split_once('=')).collect();
+    let get = |key: &str| report.get(key).copied().unwrap_or_else(|| panic!("{} in {}", key, said));
+    assert_eq!(get("argv"), ARGV);
+    assert_eq!((get("uid"), get("gid"), get("groups")), ("65534", "65534", "0")); // nobody
+    assert_eq!(get("env"), "0"); // no environment at all
+    assert_eq!((get("pid"), get("ppid")), ("1", "0")); // pid 1 of a pid namespace of its own
+    assert_eq!(get("dumpable"), "0"); // not even after the exec
+    assert_eq!((get("caps"), get("nnp")), ("0:0", "1"));
+    assert_eq!((get("cpu"), get("fsize")), ("10", "67108864"));
+    assert_eq!(get("proc"), "0"); // /proc is the empty output tmpfs
+    assert_eq!(get("srvproc"), "0"); // every other procfs mount covered
+    assert_eq!((get("cwd"), get("open")), ("/", "0"));
+    assert_eq!(get("writable"), "0"); // a read-only view, even of a 1777 folder
+    Outcome::Ran
+}
+
+fn a_failing_ldconfig_is_reported_with_its_output(env: &Env) -> Outcome {
+    let probes = needs!(require(env));
+    let root = container(env, true);
+    let err = rebuild(&root, &probes.failing, 30.0).expect_err("fails");
+    assert_eq!(err, format!("{} exited with status 3: ldconfig: something broke", path_str(&probes.failing)));
+    assert_eq!(fs::read(root.join("etc/ld.so.cache")).expect("cache"), b"an old cache of the image's\n");
+    Outcome::Ran
+}
+
+fn a_crashing_ldconfig_is_reported_with_its_signal(env: &Env) -> Outcome {
+    let probes = needs!(require(env));
+    let root = container(env, true);
+    let err = rebuild(&root, &probes.crashing, 30.0).expect_err("crashes");
+    assert_eq!(err, format!("{} was killed by SIGSEGV: about to crash", path_str(&probes.crashing)));
+    Outcome::Ran
+}
+
+fn a_hanging_ldconfig_is_killed_at_the_deadline(env: &Env) -> Outcome {
+    let probes = needs!(require(env));
+    let root = container(env, true);
+    let began = Instant::now();
+    let err = rebuild(&root, &probes.sleeper, 1.0).expect_err("killed");
+    let took = began.elapsed();
+    assert_eq!(err, format!("{} did not finish before the deadline and was killed", path_str(&probes.sleeper)));
+    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(5), "{:?}", took);
+    assert!(running_ldconfig().is_empty(), "reaped");
+    Outcome::Ran
+}
+
+/// Processes running a sealed copy (`/memfd:nri-gpu-ldconfig`).
+fn running_ldconfig() -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir("/proc").expect("/proc").flatten() {
+        let pid = match entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) {
+            Some(pid) => pid,
+            None => continue,
+        };
+        if let Ok(exe) = fs::read_link(entry.path().join("exe")) {
+            if exe.to_string_lossy().starts_with("/memfd:nri-gpu-ldconfig") {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}
+
+fn status_field(pid: u32, field: &str) -> Vec<String> {
+    let text = fs::read_to_string(format!("/proc/{}/status", pid)).expect("status");
+    let line = text.lines().find(|l| l.starts_with(field)).unwrap_or_else(|| panic!("no {}", field));
+    line[field.len()..].split_whitespace().map(String::from).collect()
+}
+
+/// Not in this process's pid, net, IPC, UTS or mount namespace: a sidecar of the
+/// same uid in a shared process namespace could otherwise ptrace it. (Seen from
+/// here, while a hanging "ldconfig" runs in a thread.)
+fn ldconfig_runs_in_namespaces_of_its_own(env: &Env) -> Outcome {
+    let probes = needs!(require(env));
+    let root = container(env, true);
+    let sleeper = probes.sleeper.clone();
+    let worker = std::thread::spawn(move || rebuild(&root, &sleeper, 3.0));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut pids = running_ldconfig();
+    while pids.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        pids = running_ldconfig();
+    }
+    assert_eq!(pids.len(), 1, "{:?}", pids);
+    let pid = pids[0];
+    let ours = status_field(std::process::id(), "NSpid:");
+    let theirs = status_field(pid, "NSpid:");
+    assert_eq!(theirs.len(), ours.len() + 1, "{:?}", theirs);
+    assert_eq!(theirs.last().map(String::as_str), Some("1")); // pid 1 of a namespace right below ours
+    assert_eq!(status_field(pid, "Uid:"), vec!["65534"; 4]);
+    assert_eq!(status_field(pid, "CapBnd:"), vec!["0000000000000000"]);
+    // Not dumpable: its /proc files are root's, not nobody's.
+    assert_eq!(fs::metadata(format!("/proc/{}/status", pid)).expect("status").uid(), 0);
+    for ns in ["pid", "net", "ipc", "uts", "mnt"] {
+        let theirs = fs::read_link(format!("/proc/{}/ns/{}", pid, ns)).expect("their ns");
+        let mine = fs::read_link(format!("/proc/self/ns/{}", ns)).expect("my ns");
+        assert_ne!(theirs, mine, "{}", ns);
+    }
+    let err = worker.join().expect("the worker thread").expect_err("killed");
+    assert!(err.contains("did not finish before the deadline"), "{}", err);
+    Outcome::Ran
+}
