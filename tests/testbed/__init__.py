@@ -5,6 +5,7 @@ Modules (stdlib plus grpcio/protobuf; nothing is installed on the host):
 * ``cache``      the cache directory ($NRI_GPU_CACHE, $XDG_CACHE_HOME/nri-gpu, ~/.cache/nri-gpu)
 * ``apt_sources`` which Debian mirror the host uses, read from its apt sources at run time
 * ``debs``       fetch and unpack a Debian package from any suite with a private apt config
+* ``rust_toolchain`` the cargo that builds hook/: this machine's, else Debian bookworm's, unpacked
 * ``runtimes``   containerd 1.7.24 (trixie), 2.1.9 (sid) and runc 1.1.5 (bookworm) binaries
 * ``images``     the busybox and pause images, built as reproducible OCI layout tars
 * ``containerd`` a private containerd daemon (start, restart, kill, scoped clean-up)

@@ -51,6 +51,7 @@ import contextlib
 import ctypes
 import io
 import json
+import os
 import random
 import shutil
 import subprocess
@@ -62,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from plugin.hook_install import interpreter
-from tests.testbed import debs, images
+from tests.testbed import debs, images, rust_toolchain
 from tests.testbed.bundle import busybox_rootfs
 from tests.testbed.docker import Docker, DockerError
 from tests.testbed.gpunode import SimNode
@@ -124,20 +125,22 @@ def series(values: list[float]) -> dict[str, float | int]:
 
 
 _CHECKOUT = Path(__file__).resolve().parents[3]
-_INSTALLED = ("pyproject.toml", "README.md", "engine", "plugin")  # what pip builds the package from
+# What pip builds the package from (hook/: the compiled hook, from a revision that has it).
+_INSTALLED = ("pyproject.toml", "README.md", "engine", "plugin", "hook")
 
 
 def install_hook(workdir: Path, source: Path = _CHECKOUT) -> Path:
     """``pip install`` of ``source`` (default this checkout) with its dependencies
     (the plugin image's pinned wheels) into a fresh venv: the README's install, a
-    copy with compiled ``.pyc`` and no editable finder. Its ``nri-gpu``. The
-    sources are copied first so that the build writes nothing into ``source``."""
+    copy with compiled ``.pyc`` and no editable finder, ``nri-gpu-hook`` beside
+    ``nri-gpu`` where ``source`` has hook/. Its ``nri-gpu``. The sources are copied
+    first so that the build writes nothing into ``source`` (cargo's target/ left out)."""
     src, venv, wheels = workdir / "src", workdir / "venv", workdir / "wheel"
     src.mkdir(parents=True)
     for name in _INSTALLED:
         if (source / name).is_dir():
-            shutil.copytree(source / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
+            shutil.copytree(source / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "target"))
+        elif (source / name).is_file():
             shutil.copy(source / name, src / name)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -145,6 +148,7 @@ def install_hook(workdir: Path, source: Path = _CHECKOUT) -> Path:
         [*pip, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(wheels), str(src)],
         check=True,
         capture_output=True,
+        env={**os.environ, "CARGO": rust_toolchain.cargo()},
     )
     (wheel,) = wheels.glob("*.whl")
     deps = [str(w) for w in dependency_wheels()]
@@ -157,8 +161,13 @@ def install_hook(workdir: Path, source: Path = _CHECKOUT) -> Path:
 
 
 def revision_tree(rev: str, out: Path) -> Path:
-    """What ``install_hook`` needs, as git revision ``rev`` of this checkout has it, in ``out``."""
-    done = subprocess.run(["git", "-C", str(_CHECKOUT), "archive", rev, *_INSTALLED], capture_output=True, check=False)
+    """What ``install_hook`` needs, as git revision ``rev`` of this checkout has it, in ``out``
+    (without hook/ where ``rev`` predates it)."""
+    listed = subprocess.run(
+        ["git", "-C", str(_CHECKOUT), "ls-tree", "--name-only", rev, *_INSTALLED], capture_output=True, check=False
+    )
+    present = listed.stdout.decode().split() if listed.returncode == 0 else list(_INSTALLED)  # hook/ came later
+    done = subprocess.run(["git", "-C", str(_CHECKOUT), "archive", rev, *present], capture_output=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"git archive {rev}: {done.stderr.decode(errors='replace')}")
     out.mkdir(parents=True)
