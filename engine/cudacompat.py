@@ -124,6 +124,8 @@ def parse_note(section: bytes, *, little_endian: bool, align: int) -> Note | Non
         data = json.loads(desc.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"{NOTE_SECTION}: not JSON ({exc})") from exc
+    except RecursionError as exc:  # nesting a 4 KiB note can hold: no ValueError
+        raise ValueError(f"{NOTE_SECTION}: not JSON (nested too deeply)") from exc
     if not isinstance(data, dict):
         raise ValueError(f"{NOTE_SECTION}: not a JSON object")
     cuda = data.get("CUDA Version", "")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import stat
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,6 +43,7 @@ from engine.start.rootdir import READ, RootDir, describe
 __all__ = ["Compat", "check"]
 
 _FILE, _LINK, _OTHER = "file", "link", "other"
+_MAX_OFFSET = (1 << 63) - 1
 _USED = ": the driver's libraries are used"
 LIBCUDA = "libcuda.so.1"
 
@@ -131,11 +133,17 @@ def _with_file(root: RootDir, name: str, use: Callable[[elf.Read], object]) -> o
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise _Skip(f"{path}: not a regular file{_USED}")
-        return use(lambda offset, size: os.pread(fd, size, offset))
-    except (ValueError, OSError) as exc:
+        return use(lambda offset, size: _pread(fd, size, offset))
+    except (ValueError, OSError, struct.error) as exc:  # struct.error: a note cut short
         raise _Skip(f"{path}: {exc}{_USED}") from exc
     finally:
         os.close(fd)
+
+
+def _pread(fd: int, size: int, offset: int) -> bytes:
+    """``os.pread``, with an offset no file can reach read as the end of the file:
+    pread takes a signed 64-bit offset, and a header can name any 64-bit one."""
+    return os.pread(fd, size, offset) if offset <= _MAX_OFFSET else b""
 
 
 def _note(root: RootDir, name: str) -> Note | None:
@@ -174,5 +182,8 @@ def _entries(root: RootDir, listing: dict[str, str]) -> tuple[LdCacheEntry, ...]
                 continue
             key = library_key(name, lib.soname, is_link=kind == _LINK)
             if key not in by_key and "/" not in key and key not in (".", ".."):
-                by_key[key] = LdCacheEntry(key, f"{COMPAT_DIR}/{key}", lib.flags, True, 0, lib.osversion)
+                # ldconfig computes the ABI note's osversion in 32 bits: an OS field
+                # over 255 keeps its low byte (and the cache's field holds 32 bits).
+                osversion = lib.osversion & 0xFFFFFFFF
+                by_key[key] = LdCacheEntry(key, f"{COMPAT_DIR}/{key}", lib.flags, True, 0, osversion)
     return tuple(by_key[key] for key in sorted(by_key))

@@ -98,6 +98,16 @@ def test_a_note_with_sizes_past_its_section_is_read_as_far_as_it_goes() -> None:
         parse_note(cut, little_endian=True, align=4)
 
 
+def test_a_note_nested_past_the_parsers_recursion_is_not_json() -> None:
+    """json.loads raises RecursionError (no ValueError) past ~1000 levels, which a
+    4 KiB note can hold: it must be a reason, not a failed start."""
+    desc = b"[" * 3000 + b"]" * 3000
+    name = b"NVIDIA Corporation\0"
+    raw = struct.pack("<III", len(name), len(desc), 1) + name + b"\0" * (-len(name) % 4) + desc
+    with pytest.raises(ValueError, match="not JSON"):
+        parse_note(raw, little_endian=True, align=4)
+
+
 def test_a_note_listing_a_huge_driver_array_is_refused() -> None:
     with pytest.raises(ValueError, match="unexpected"):
         parse_note(note(list(range(1000))), little_endian=True, align=4)

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.ldcache import LdCache
+from engine.ldcache_merge import encode, merge
 from engine.model import LdCacheEntry
 from engine.start import compat
 from engine.start.rootdir import RootDir
@@ -254,3 +256,42 @@ def test_a_candidate_that_is_no_libcuda_is_not_used(root: tuple[RootDir, Path], 
         "/usr/local/cuda/compat/libcuda.so.999.1 is not a libcuda.so.1 (its soname is 'libnvidia-nvvm.so.4'): "
         "the driver's libraries are used"
     )
+
+
+# Hostile libraries whose headers made the Python reader raise past its own
+# error handling (found by the compiled hook's port, which reads the same files:
+# hook/tests/fixtures/compat/build.py makes them). None may fail the start.
+HOSTILE = Path(__file__).resolve().parents[4] / "hook" / "tests" / "fixtures" / "compat"
+
+
+@pytest.mark.parametrize(
+    ("fixture", "said"),
+    [
+        # e_phoff 2**64-1: os.pread took it as an OverflowError; read as past the end, as any offset there.
+        ("phoff-max.so", "a table beyond the end of the file"),
+        # An ABI note whose descriptor is cut short: a struct.error.
+        ("abi-note-truncated.so", "unpack_from requires a buffer"),
+    ],
+)
+def test_a_libcuda_whose_headers_cannot_be_read_is_a_reason_not_a_failure(
+    root: tuple[RootDir, Path], fixture: str, said: str
+) -> None:
+    r, tree = root
+    shutil.copy(HOSTILE / fixture, tree / COMPAT / "libcuda.so.999.1")
+    found = compat.check(r, HOST)
+    assert found.decision is not None and not found.decision.use, found
+    assert said in found.decision.reason and "the driver's libraries are used" in found.decision.reason, found
+
+
+def test_an_abi_note_past_32_bits_gives_glibcs_low_32_bits(root: tuple[RootDir, Path], libs: dict[str, Path]) -> None:
+    """ldconfig computes the osversion in a uint32: an OS field of 0x1234 keeps 0x34 (the
+    cache's field is 32 bits; a wider value made the merge fail with a struct.error)."""
+    r, tree = root
+    cuda_compat_layout(tree / COMPAT, libs)
+    for name in ("libcuda.so.555.58.02",):
+        shutil.copy(HOSTILE / "abi-note-os-big.so", tree / COMPAT / name)
+    found = compat.check(r, "550.1")
+    assert found.decision is not None and found.decision.use, found
+    wide = [e for e in found.entries if e.name.startswith("libcuda")]
+    assert wide and all(e.osversion >> 24 == 0x34 for e in wide), wide
+    encode(merge(LdCache(()), found.entries))
