@@ -129,12 +129,7 @@ pub fn main_with(words: &[String]) -> i32 {
 }
 
 fn run(description: &crate::work::Description, deadline: Instant) -> Result<(), String> {
-    let mut state = Vec::new();
-    std::io::stdin()
-        .lock()
-        .take(STATE_LIMIT + 1)
-        .read_to_end(&mut state)
-        .map_err(|e| format!("the OCI state on stdin: {}", sys::error_text(&e)))?;
+    let state = read_stdin(STATE_LIMIT + 1).map_err(|e| format!("the OCI state on stdin: {}", sys::error_text(&e)))?;
     let state = json_object(&state, "the OCI state on stdin", STATE_LIMIT)?;
     let id = match state.get("id") {
         Some(Value::Str(id)) if !id.is_empty() => id.clone(),
@@ -156,6 +151,19 @@ fn run(description: &crate::work::Description, deadline: Instant) -> Result<(), 
     perform_in_bundle(&rootfs, &work, deadline)
         .map(|_| ())
         .map_err(|StepFailed { step, message }| format!("{}: {}: {}", who, step, message))
+}
+
+/// At most `limit` bytes of fd 0, read without a buffer (std's stdin reads ahead).
+fn read_stdin(limit: u64) -> std::io::Result<Vec<u8>> {
+    let mut data = Vec::new();
+    while (data.len() as u64) < limit {
+        let chunk = sys::read_some(0, std::cmp::min(64 << 10, limit as usize - data.len()))?;
+        if chunk.is_empty() {
+            break;
+        }
+        data.extend_from_slice(&chunk);
+    }
+    Ok(data)
 }
 
 fn read_config(bundle: &str) -> Result<Value, String> {

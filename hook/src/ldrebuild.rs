@@ -1338,6 +1338,19 @@ mod tests {
     }
 
     #[test]
+    fn mountinfo_is_read_within_its_limit() {
+        // Cut short, a procfs mount could be left uncovered for ldconfig: over the
+        // limit is refused, not read in part (the limit counts characters).
+        let path = std::env::temp_dir().join(format!("ldrebuild-mountinfo-{}", std::process::id()));
+        std::fs::write(&path, "é".repeat(64)).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        assert_eq!(read_text(file.as_raw_fd(), 64).unwrap().map(|t| t.chars().count()), Some(64));
+        let file = std::fs::File::open(&path).unwrap();
+        assert_eq!(read_text(file.as_raw_fd(), 63).unwrap(), None);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
     fn open_trusted_checks_the_file() {
         let missing = open_trusted("/nonexistent/ldconfig").err().unwrap();
         assert_eq!(missing.0, "/nonexistent/ldconfig: No such file or directory");

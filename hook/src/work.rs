@@ -507,6 +507,259 @@ mod tests {
         assert!(work.visible_bus_ids.is_empty());
     }
 
+    /// The MIG node of the Python tests: GPUs 0-3 (minor = index), GPU 2 with GI 2
+    /// (CIs 0 and 1) and GI 3 (CI 0), monitor and config caps.
+    fn mig_node() -> Description {
+        let gi = |gi: i64, minor: i64, cis: &[(i64, i64)]| GpuInstance {
+            gpu: 2,
+            gi,
+            minor,
+            compute_instances: cis.iter().map(|&(ci, minor)| ComputeInstance { ci, minor }).collect(),
+        };
+        Description {
+            nvidia_major: Some(195),
+            caps_major: Some(237),
+            gpus: (0..4).map(|i| GpuDevice { minor: i, bus_id: format!("0000:0{}:00.0", i) }).collect(),
+            gpu_instances: vec![gi(2, 21, &[(0, 22), (1, 23)]), gi(3, 30, &[(0, 31)])],
+            monitor_minor: Some(2),
+            config_minor: Some(1),
+            graphics: true,
+            ..Description::default()
+        }
+    }
+
+    fn bus(ids: &[i64]) -> Vec<String> {
+        ids.iter().map(|i| format!("0000:0{}:00.0", i)).collect()
+    }
+
+    fn caps(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
+    #[test]
+    fn whole_gpus_and_mig_devices_together() {
+        let devices = [(195, 3), (195, 2), (237, 30), (237, 31), (237, 21), (237, 22), (195, 0)];
+        let work = start_work(&mig_node(), &bundle(&devices), "c");
+        assert_eq!(work.visible_bus_ids, bus(&[0, 2, 3]));
+        assert_eq!(
+            work.proc_caps,
+            caps(&["gpu2/mig/gi2/access", "gpu2/mig/gi2/ci0/access", "gpu2/mig/gi3/access", "gpu2/mig/gi3/ci0/access"])
+        );
+        assert!(!work.proc_caps_all);
+        // The profile counts the whole GPUs only, not the MIG parent.
+        assert_eq!(work.app_profile, app_profile_text(&[0, 3]));
+    }
+
+    #[test]
+    fn every_device_of_the_spec_all() {
+        let devices = [(195, 0), (195, 1), (195, 3), (195, 2), (237, 21), (237, 22), (237, 23), (237, 30), (237, 31)];
+        let work = start_work(&mig_node(), &bundle(&devices), "c");
+        assert_eq!(work.visible_bus_ids, bus(&[0, 1, 2, 3]));
+        assert_eq!(
+            work.proc_caps,
+            caps(&[
+                "gpu2/mig/gi2/access",
+                "gpu2/mig/gi2/ci0/access",
+                "gpu2/mig/gi2/ci1/access",
+                "gpu2/mig/gi3/access",
+                "gpu2/mig/gi3/ci0/access"
+            ])
+        );
+        assert_eq!(work.app_profile, app_profile_text(&[0, 1, 3]));
+    }
+
+    #[test]
+    fn a_mig_device_needs_all_three_nodes() {
+        // Parent and CI cap without the GI cap: the whole GPU.
+        let work = start_work(&mig_node(), &bundle(&[(195, 2), (237, 22)]), "c");
+        assert_eq!((work.visible_bus_ids, work.proc_caps), (bus(&[2]), caps(&[])));
+        // GI and CI caps without the parent node: nothing.
+        let work = start_work(&mig_node(), &bundle(&[(237, 21), (237, 22)]), "c");
+        assert_eq!((work.visible_bus_ids, work.proc_caps), (bus(&[]), caps(&[])));
+        // The caps' minors under another major: the whole GPU.
+        let work = start_work(&mig_node(), &bundle(&[(195, 2), (236, 21), (236, 22)]), "c");
+        assert_eq!((work.visible_bus_ids, work.proc_caps), (bus(&[2]), caps(&[])));
+    }
+
+    #[test]
+    fn the_grants_alone() {
+        let work = start_work(&mig_node(), &bundle(&[(237, 2)]), "c");
+        assert_eq!(
+            (work.visible_bus_ids, work.proc_caps, work.proc_caps_all),
+            (bus(&[]), caps(&["mig/monitor"]), false)
+        );
+        let work = start_work(&mig_node(), &bundle(&[(237, 1)]), "c");
+        assert_eq!((work.visible_bus_ids, work.proc_caps, work.proc_caps_all), (bus(&[]), caps(&["mig/config"]), true));
+    }
+
+    #[test]
+    fn a_node_without_instances_grants_the_monitor() {
+        let mut node = mig_node();
+        node.gpu_instances.clear();
+        let work = start_work(&node, &bundle(&[(195, 1), (237, 2)]), "c");
+        assert_eq!((work.visible_bus_ids, work.proc_caps), (bus(&[1]), caps(&["mig/monitor"])));
+    }
+
+    #[test]
+    fn no_nvidia_major_no_gpu_but_the_grants() {
+        let mut node = mig_node();
+        node.nvidia_major = None;
+        let work = start_work(&node, &bundle(&[(195, 2), (237, 21), (237, 22), (237, 2)]), "c");
+        assert_eq!((work.visible_bus_ids, work.proc_caps), (bus(&[]), caps(&["mig/monitor"])));
+    }
+
+    #[test]
+    fn the_profile_edges() {
+        let mut node = mig_node();
+        node.graphics = false;
+        assert_eq!(start_work(&node, &bundle(&[(195, 0)]), "c").app_profile, "");
+        let mut node = mig_node();
+        node.gpus[1].minor = 32; // past the driver's 32-bit mask
+        assert_eq!(start_work(&node, &bundle(&[(195, 32)]), "c").app_profile, "");
+        assert_eq!(start_work(&node, &bundle(&[(195, 0)]), "c").app_profile, app_profile_text(&[0]));
+        // A GPU instance whose GPU the node does not list is no MIG device.
+        let mut node = mig_node();
+        node.gpu_instances[0].gpu = 9;
+        let work = start_work(&node, &bundle(&[(195, 9), (237, 21), (237, 22)]), "c");
+        assert_eq!((work.visible_bus_ids, work.proc_caps), (bus(&[]), caps(&[])));
+    }
+
+    #[test]
+    fn the_ipc_endpoints_are_the_mounts_from_their_host_source() {
+        let mut node = node();
+        let candidate = |path: &str, source: &str| IpcCandidate {
+            endpoint: IpcEndpoint { path: path.into(), kind: EntryKind::Socket },
+            source: source.into(),
+        };
+        node.ipc =
+            vec![candidate("/run/b/socket", "/drv/run/b/socket"), candidate("/run/a/socket", "/drv/run/a/socket")];
+        let mut given = bundle(&[]);
+        given.mounts = vec![
+            ("/elsewhere/socket".into(), "/run/b/socket".into()), // another source: not ours
+            ("/drv/run/a/socket".into(), "/run/a/socket".into()),
+            ("/drv/run/a/socket".into(), "/run/a/socket".into()), // twice: once
+            ("/drv/usr/lib/libcuda.so.1".into(), "/usr/lib/libcuda.so.1".into()),
+        ];
+        let work = start_work(&node, &given, "c");
+        assert_eq!(work.ipc.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(), vec!["/run/a/socket"]);
+        given.mounts.push(("/drv/run/b/socket".into(), "/run/b/socket".into()));
+        let work = start_work(&node, &given, "c");
+        assert_eq!(
+            work.ipc.iter().map(|e| e.path.as_str()).collect::<Vec<_>>(),
+            vec!["/run/a/socket", "/run/b/socket"]
+        );
+    }
+
+    #[test]
+    fn the_spec_wide_work_is_copied_as_it_is() {
+        let mut node = node();
+        node.symlinks = vec![Symlink { path: "/usr/lib/libcuda.so.1".into(), target: "libcuda.so.550".into() }];
+        node.ldconfig_folders = vec!["/usr/lib".into()];
+        node.ld_cache = LdCacheMode::Rebuild;
+        node.ldconfig = "/sbin/ldconfig".into();
+        node.proc_source = Some("/sim/proc/driver/nvidia".into());
+        node.ipc_root = "/drv".into();
+        node.cuda_compat = true;
+        node.driver_version = "550.163.01".into();
+        let work = start_work(&node, &bundle(&[]), "container x");
+        assert_eq!(work.container, "container x");
+        assert_eq!(work.symlinks, node.symlinks);
+        assert_eq!(work.ldconfig_folders, node.ldconfig_folders);
+        assert_eq!((work.ld_cache, work.ldconfig.as_str()), (LdCacheMode::Rebuild, "/sbin/ldconfig"));
+        assert_eq!(work.proc_source.as_deref(), Some("/sim/proc/driver/nvidia"));
+        assert_eq!(
+            (work.ipc_root.as_str(), work.cuda_compat, work.driver_version.as_str()),
+            ("/drv", true, "550.163.01")
+        );
+    }
+
+    fn parse(text: &str) -> Value {
+        crate::json::parse(text.as_bytes(), 64).expect("test JSON")
+    }
+
+    #[test]
+    fn the_bundle_keeps_character_devices_with_integer_numbers_only() {
+        let config = parse(
+            r#"{"root": {"path": "rootfs"}, "linux": {"devices": [
+                {"type": "c", "major": 195, "minor": 0},
+                {"type": "b", "major": 195, "minor": 1},
+                {"type": "c", "major": 195, "minor": true},
+                {"type": "c", "major": 195, "minor": "2"},
+                {"type": "c", "major": 195.0, "minor": 3},
+                [195, 4], "c",
+                {"type": "c", "major": 195, "minor": 5}]},
+              "mounts": [{"source": "/a", "destination": "/b"}, {"source": 1, "destination": "/c"}, {}]}"#,
+        );
+        let found = read_bundle(&config, "/b").unwrap();
+        assert_eq!(found.root_path, "rootfs");
+        assert_eq!(found.char_devices, vec![(195, 0), (195, 5)]);
+        assert_eq!(found.mounts, vec![("/a".to_string(), "/b".to_string())]);
+        let bare = read_bundle(&parse(r#"{"root": {"path": "/abs/rootfs"}}"#), "/b").unwrap();
+        assert!(bare.char_devices.is_empty() && bare.mounts.is_empty());
+        for bad in [r#"{}"#, r#"{"root": {}}"#, r#"{"root": {"path": ""}}"#, r#"{"root": {"path": 5}}"#] {
+            assert_eq!(
+                read_bundle(&parse(bad), "/b"),
+                Err(BadInput("/b/config.json has no root.path".into())),
+                "{}",
+                bad
+            );
+        }
+    }
+
+    const GOOD: &str = r#"{"version": 1, "symlinks": [["/usr/lib/libcuda.so.1", "libcuda.so.550"]],
+        "ldconfig_folders": ["/usr/lib"], "ld_cache_entries": [["libcuda.so.1", "/usr/lib/libcuda.so.1", 771, true, 0, 0]],
+        "ld_cache": "merge", "ldconfig": "/sbin/ldconfig", "proc_source": null, "ipc_root": "/",
+        "ipc": [["/run/nvidia-persistenced/socket", "socket", "/run/nvidia-persistenced/socket"]],
+        "cuda_compat": true, "driver_version": "550.163.01", "graphics": false, "nvidia_major": 195,
+        "caps_major": null, "gpus": [[0, "0000:07:00.0"]], "gpu_instances": [[0, 1, 12, [[0, 13]]]],
+        "monitor_minor": null, "config_minor": 1}"#;
+
+    #[test]
+    fn a_description_is_read_whole() {
+        let read = read_description(&parse(GOOD)).unwrap();
+        assert_eq!(
+            read.symlinks,
+            vec![Symlink { path: "/usr/lib/libcuda.so.1".into(), target: "libcuda.so.550".into() }]
+        );
+        assert_eq!(read.ld_cache_entries[0].flags, 771);
+        assert_eq!(read.ipc[0].endpoint.kind, EntryKind::Socket);
+        assert_eq!((read.nvidia_major, read.caps_major, read.config_minor), (Some(195), None, Some(1)));
+        assert_eq!(read.gpu_instances[0].compute_instances, vec![ComputeInstance { ci: 0, minor: 13 }]);
+    }
+
+    #[test]
+    fn a_bad_description_is_refused_by_name() {
+        for (from, to, named) in [
+            (r#""version": 1"#, r#""version": 2"#, "of version 2"),
+            (r#""ldconfig_folders": ["/usr/lib"]"#, r#""ldconfig_folders": ["usr/lib"]"#, "ldconfig_folders[0]"),
+            (
+                r#""ldconfig_folders": ["/usr/lib"]"#,
+                r#""ldconfig_folders": ["/usr/../lib"]"#,
+                "not a clean absolute path",
+            ),
+            (r#""ld_cache": "merge""#, r#""ld_cache": "fast""#, "ld_cache"),
+            (r#"[0, "0000:07:00.0"]"#, r#"[0, "../x"]"#, "bad bus id"),
+            (r#"[0, "0000:07:00.0"]"#, r#"[-1, "0000:07:00.0"]"#, "gpus[0]"),
+            (r#"[0, 1, 12, [[0, 13]]]"#, r#"[0, 15, 12, [[0, 13]]]"#, "gpu_instances[0] gi"),
+            (r#"[0, 1, 12, [[0, 13]]]"#, r#"[0, 1, 12, [[8, 13]]]"#, "ci"),
+            (r#""nvidia_major": 195"#, r#""nvidia_major": "195""#, "nvidia_major"),
+            (r#""graphics": false"#, r#""graphics": 0"#, "graphics"),
+            (r#""proc_source": null"#, r#""proc_source": "proc""#, "proc_source"),
+            (
+                r#""libcuda.so.1", "/usr/lib/libcuda.so.1", 771"#,
+                r#""lib/cuda.so.1", "/usr/lib/libcuda.so.1", 771"#,
+                "bad name",
+            ),
+            (r#", "config_minor": 1"#, "", "has no config_minor"),
+        ] {
+            let text = GOOD.replace(from, to);
+            assert_ne!(text, GOOD, "{}", from);
+            let found = read_description(&parse(&text));
+            assert!(matches!(&found, Err(BadInput(m)) if m.contains(named)), "{} -> {:?}", to, found);
+        }
+        assert!(read_description(&parse("[]")).is_err());
+    }
+
     #[test]
     fn the_profile_text_is_libnvidia_containers() {
         assert_eq!(
