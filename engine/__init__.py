@@ -7,9 +7,10 @@ This package is the engine's one front door: ``plugin`` imports every name it
 uses from ``engine`` (``from engine import parse_request``), never from a
 submodule (``tests/test_layering.py`` holds it to that); the engine's own
 modules import each other directly. The names are loaded on first use
-(PEP 562): the CDI hook imports ``engine.hookmain`` at every GPU container's
-start and must not pay for the planner, the NRI path's forked runner (asyncio)
-or the CUDA and NVML probes. ``import engine`` alone imports no submodule.
+(PEP 562): a command imports what it uses and no more (``nri-gpu cdi
+generate`` needs no NRI runner, the NRI path no CDI spec builder, neither the
+CUDA and NVML probes until discovery asks). ``import engine`` alone imports no
+submodule.
 
 Three names differ from their module's (``make_plan`` is ``engine.plan.plan``,
 ``discover_inventory`` is ``engine.discover.discover``, ``find_equipped`` is
@@ -23,7 +24,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names as the type checker sees them; loaded lazily below
-    from engine.cdi import HookCommand, cdi_spec, hook_command, spec_warnings
+    from engine.cdi import HOOK_EXECUTABLE, HookCommand, cdi_spec, hook_command, spec_warnings
     from engine.config import LD_CACHE_MODES, EngineConfig, EngineConfigError, Policy
     from engine.config import from_tables as config_from_tables
     from engine.discover import InventoryCache, current_ipc
@@ -31,9 +32,6 @@ if TYPE_CHECKING:  # the names as the type checker sees them; loaded lazily belo
     from engine.equipped import Source, cdi_names, completion, conflict, nvidia_nri_annotation
     from engine.equipped import equipped as find_equipped
     from engine.errors import EngineError, RequestError, StartError, UnknownDeviceError
-    from engine.hookmain import add_arguments as add_hook_arguments
-    from engine.hookmain import main as hook_main
-    from engine.hookmain import run as run_hook
     from engine.model import Capability, DriverFile, Inventory, Plan
     from engine.plan import ipc_in_mounts
     from engine.plan import plan as make_plan
@@ -54,6 +52,7 @@ if TYPE_CHECKING:  # the names as the type checker sees them; loaded lazily belo
     )
     from engine.selection import UnknownMigDeviceError
     from engine.start.actions import identity_blind_spots
+    from engine.start.elf import interpreter as elf_interpreter
     from engine.start.runner import find_init_pid, run_start_async, shows_driver_view
     from engine.start.syscalls import open_in_root
     from engine.start.work import start_work
@@ -86,6 +85,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
         "may_request",
         "CONTAINER_ANNOTATION_PREFIX",
         "DRIVER_CAPABILITIES",
+        "HOOK_EXECUTABLE",
         "MAX_DEVICE_NODES",
         "MAX_LIST_ENTRIES",
         "MAX_REQUEST_ENV",
@@ -103,11 +103,10 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "start_work": ("engine.start.work", "start_work"),
     **_names("engine.start.runner", "find_init_pid", "run_start_async", "shows_driver_view"),
     "identity_blind_spots": ("engine.start.actions", "identity_blind_spots"),
-    # The CDI spec builder, and the hook's command line the spec runs.
-    **_names("engine.cdi", "HookCommand", "cdi_spec", "hook_command", "spec_warnings"),
-    "add_hook_arguments": ("engine.hookmain", "add_arguments"),
-    "hook_main": ("engine.hookmain", "main"),
-    "run_hook": ("engine.hookmain", "run"),
+    # The CDI spec builder, and the compiled hook's command line the spec runs.
+    **_names("engine.cdi", "HOOK_EXECUTABLE", "HookCommand", "cdi_spec", "hook_command", "spec_warnings"),
+    # Whether the compiled hook a spec names is linked statically (plugin.hook_install).
+    "elf_interpreter": ("engine.start.elf", "interpreter"),
     # node-setup looks up the host's paths as the start work does the
     # container's: openat2 confined to a root.
     "open_in_root": ("engine.start.syscalls", "open_in_root"),
@@ -116,6 +115,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
 __all__ = [
     "CONTAINER_ANNOTATION_PREFIX",
     "DRIVER_CAPABILITIES",
+    "HOOK_EXECUTABLE",
     "LD_CACHE_MODES",
     "MAX_DEVICE_NODES",
     "MAX_LIST_ENTRIES",
@@ -139,7 +139,6 @@ __all__ = [
     "StartError",
     "UnknownDeviceError",
     "UnknownMigDeviceError",
-    "add_hook_arguments",
     "cdi_names",
     "cdi_spec",
     "completion",
@@ -147,10 +146,10 @@ __all__ = [
     "conflict",
     "current_ipc",
     "discover_inventory",
+    "elf_interpreter",
     "find_equipped",
     "find_init_pid",
     "hook_command",
-    "hook_main",
     "identity_blind_spots",
     "inventory_text",
     "inventory_to_dict",
@@ -163,7 +162,6 @@ __all__ = [
     "parse_request",
     "plan_text",
     "plan_to_dict",
-    "run_hook",
     "run_start_async",
     "shows_driver_view",
     "spec_warnings",

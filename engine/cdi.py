@@ -32,35 +32,47 @@ Two deliberate differences from the plan:
   list (a CDI hook cannot be per device: two devices would run it twice with
   different views).
 
-The hook runs as root at every start of a GPU container, with runc's working
-directory in the container's bundle. Its environment makes Python import
-nothing from there (``PYTHONSAFEPATH``: no script or working directory on
-``sys.path``; ``PYTHONNOUSERSITE``: no ``~/.local``), and its ``timeout`` lets
-the runtime kill a hook that hangs, after the hook's own limit
-(``engine.hook``) has had its chance to fail it with a message.
+The hook is ``nri-gpu-hook`` (the ``hook/`` crate), compiled: the runtime runs
+it as root at every start of a GPU container and waits for it, and a Python
+interpreter's start alone would cost more than the whole start work. It plans
+nothing: ``hook_work`` writes into its one ``--work`` argument everything the
+plan decides that the start work needs (links, ld.so.conf folders, ld.so.cache
+entries, the procfs source, the IPC endpoints a mount may bind) and the node's
+devices as the spec names them (minors, bus ids, MIG instances), and the hook
+picks from it what the container's ``linux.devices`` select. The spec and its
+hook thus come from one plan at one time; a driver change needs a new spec
+either way (its mounts name the driver's files). The hook's ``timeout`` lets the
+runtime kill a hook that hangs, after the hook's own limit has had its chance
+to fail it with a message.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from engine.catalogue import IPC_TYPES
 from engine.config import EngineConfig
 from engine.errors import DiscoveryError
 from engine.model import Capability, DeviceKind, DeviceNode, Gpu, Inventory, MigCap, MigDevice, Plan
+from engine.plan import host_source
 from engine.plan import plan as make_plan
 from engine.request import GpuRequest, Selection
 
 __all__ = [
     "CDI_VERSION",
     "HOOK_ENV",
+    "HOOK_EXECUTABLE",
     "HOOK_TIMEOUT",
     "HOOK_TIME_LIMIT",
+    "HOOK_WORK_VERSION",
     "KIND",
     "HookCommand",
     "cdi_spec",
     "hook_command",
+    "hook_work",
     "named_mig_devices",
     "spec_warnings",
 ]
@@ -69,21 +81,19 @@ __all__ = [
 # 1.7 and 2.x, podman and nerdctl alike.
 CDI_VERSION = "0.5.0"
 KIND = "nvidia.com/gpu"
-HOOK_ENV = (
-    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-    # What ``python -I`` does, for a console script whose ``#!`` line we do not
-    # write: without it a ``python -m`` wrapper would import from the working
-    # directory, which runc sets to the container's bundle.
-    "PYTHONSAFEPATH=1",
-    "PYTHONNOUSERSITE=1",
-)
-# Seconds the hook gives its own whole run (``engine.hook.time_limit``): far
+# The hook reads nothing of its environment; a PATH is all any hook is given.
+HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
+# The hook executable (hook/, compiled), installed beside ``nri-gpu``.
+HOOK_EXECUTABLE = "nri-gpu-hook"
+# The format of ``hook_work``'s description; the hook refuses another by name.
+HOOK_WORK_VERSION = 1
+# Seconds the hook gives its own whole run (its ``--time-limit``): far
 # above a normal run (well under a second), low enough that a stuck hook does not
 # hold a container's start for long.
 HOOK_TIME_LIMIT = 10.0
 # Seconds the runtime gives the hook before killing it (whole seconds: the OCI
-# field is an integer). Above the hook's own limit, with room for Python's start,
-# so that a slow hook ends with its own message rather than runc's "timed out".
+# field is an integer). Above the hook's own limit, so that a slow hook ends
+# with its own message rather than runc's "timed out".
 HOOK_TIMEOUT = 15
 CAPS_DIR = "/dev/nvidia-caps"
 # CDI's rule for a device name (the "name" part of vendor/class=name).
@@ -94,8 +104,9 @@ _NAMES_SHOWN = 8
 @dataclass(frozen=True)
 class HookCommand:
     """The ``createContainer`` hook: an absolute executable, its argv (argv[0]
-    included), the whole of its environment (a hook gets nothing else) and the
-    seconds the runtime waits for it."""
+    included) before the work description (``cdi_spec`` appends ``--work``), the
+    whole of its environment (a hook gets nothing else) and the seconds the
+    runtime waits for it."""
 
     path: str
     args: tuple[str, ...]
@@ -103,30 +114,55 @@ class HookCommand:
     timeout: int = HOOK_TIMEOUT
 
 
-def hook_command(executable: str, config: EngineConfig, capabilities: frozenset[Capability]) -> HookCommand:
-    """``nri-gpu hook start-container`` with the roots and capabilities the spec was made for.
+def hook_command(executable: str) -> HookCommand:
+    """``nri-gpu-hook start-container`` at ``executable`` (an absolute path).
 
-    The hook runs on the host (before ``pivot_root``), so every root is given as
-    the host sees it.
-
-    >>> from engine.model import Capability
-    >>> hook_command("/usr/bin/nri-gpu", EngineConfig(), frozenset({Capability.COMPUTE})).args[1:4]
-    ('hook', 'start-container', '--driver-root')
+    >>> hook_command("/usr/bin/nri-gpu-hook").args
+    ('/usr/bin/nri-gpu-hook', 'start-container', '--time-limit', '10')
     """
     if not executable.startswith("/"):
         raise ValueError(f"the hook's executable must be an absolute path, not {executable!r}")
-    args = [executable, "hook", "start-container"]
-    for flag, value in (
-        ("--driver-root", config.driver_root),
-        ("--dev-root", config.dev_root),
-        ("--proc-root", config.proc_root),
-    ):
-        args += [flag, config.to_host_path(value)]
-    # Not translated: the ldconfig setting names the binary that runs ours, which
-    # is the host's only when we run on the host (``cdi generate --ldconfig``).
-    args += ["--ld-cache", config.ld_cache, "--ldconfig", config.ldconfig]
-    args += ["--capabilities", ",".join(sorted(c.value for c in capabilities))]
-    return HookCommand(executable, tuple(args))
+    return HookCommand(executable, (executable, "start-container", "--time-limit", f"{HOOK_TIME_LIMIT:g}"))
+
+
+def hook_work(inventory: Inventory, config: EngineConfig, capabilities: frozenset[Capability]) -> dict[str, Any]:
+    """What the hook needs of the plan and the node, as the JSON of its ``--work``
+    argument (read by the hook's ``work`` module; ``HOOK_WORK_VERSION``).
+
+    The spec-wide start work is the plan's for ``capabilities`` (the same for any
+    GPUs); the devices are every GPU's minor and bus id, by index, and the MIG
+    instances' capability minors, from which the hook tells what a container's
+    ``linux.devices`` hold. Every root is given as the host sees it: the hook runs
+    on the host, before ``pivot_root``.
+    """
+    common = make_plan(GpuRequest(Selection.NONE, (), capabilities, (), "CDI spec"), inventory, config)
+    proc_root = config.to_host_path(config.proc_root).rstrip("/") or "/"
+    layout = inventory.mig
+    return {
+        "version": HOOK_WORK_VERSION,
+        "symlinks": [[link.path, link.target] for link in common.symlinks],
+        "ldconfig_folders": list(common.ldconfig_folders),
+        "ld_cache_entries": [
+            [e.name, e.path, e.flags, e.is_64bit, e.hwcap, e.osversion] for e in common.ld_cache_entries
+        ],
+        "ld_cache": config.ld_cache.value,
+        "ldconfig": config.ldconfig,
+        "proc_source": None if proc_root == "/proc" else f"{proc_root}/driver/nvidia",
+        "ipc_root": config.to_host_path(config.driver_root).rstrip("/") or "/",
+        "ipc": [[path, kind.value, host_source(path, config)] for path, kind in sorted(IPC_TYPES.items())],
+        "cuda_compat": config.policy.cuda_compat,
+        "driver_version": inventory.driver_version or "",
+        "graphics": bool(capabilities & {Capability.GRAPHICS, Capability.DISPLAY}),
+        "nvidia_major": inventory.nvidia_major,
+        "caps_major": layout.caps_major,
+        "gpus": [[gpu.minor, gpu.bus_id] for gpu in sorted(inventory.gpus, key=lambda g: g.index)],
+        "gpu_instances": [
+            [gi.gpu_minor, gi.gi, gi.access.minor, [[ci.ci, ci.access.minor] for ci in gi.compute_instances]]
+            for gi in layout.gpu_instances
+        ],
+        "monitor_minor": layout.monitor.minor if layout.monitor is not None else None,
+        "config_minor": layout.config.minor if layout.config is not None else None,
+    }
 
 
 def cdi_spec(
@@ -162,7 +198,13 @@ def cdi_spec(
     nodes = [every[m] for m in sorted(every)] + [caps[m] for m in sorted(caps)]
     nodes += [n for g in whole for n in _drm_nodes(inventory, g, capabilities)]
     devices.append({"name": "all", "containerEdits": {"deviceNodes": [_device(n) for n in nodes]}})
-    return {"cdiVersion": CDI_VERSION, "kind": KIND, "devices": devices, "containerEdits": _common(common, hook)}
+    work = json.dumps(hook_work(inventory, config, capabilities), separators=(",", ":"))
+    return {
+        "cdiVersion": CDI_VERSION,
+        "kind": KIND,
+        "devices": devices,
+        "containerEdits": _common(common, hook, work),
+    }
 
 
 def spec_warnings(inventory: Inventory) -> tuple[str, ...]:
@@ -260,7 +302,7 @@ def _mig_nodes(inventory: Inventory, mig: MigDevice) -> tuple[DeviceNode, ...]:
     return (*((parent,) if parent else ()), *(_cap_node(inventory.mig.caps_major, c) for c in caps))
 
 
-def _common(every: Plan, hook: HookCommand) -> dict[str, Any]:
+def _common(every: Plan, hook: HookCommand, work: str) -> dict[str, Any]:
     env = dict(every.env)
     env["NVIDIA_VISIBLE_DEVICES"] = "void"
     return {
@@ -276,7 +318,7 @@ def _common(every: Plan, hook: HookCommand) -> dict[str, Any]:
             {
                 "hookName": "createContainer",
                 "path": hook.path,
-                "args": list(hook.args),
+                "args": [*hook.args, "--work", work],
                 "env": list(hook.env),
                 "timeout": hook.timeout,
             }

@@ -3,8 +3,8 @@
 Commands: ``run`` (the NRI plugin), ``info`` (what discovery finds on this node),
 ``plan`` (what a container with the given env and pod annotations would get),
 ``config default``, ``install`` and ``uninstall`` (node setup, in ``setup_cli``),
-``cdi generate`` and ``hook start-container`` (the CDI path, in ``cdi_cli``; the
-console script, ``plugin.entry``, sends ``hook`` to ``engine.hookmain`` without importing this module).
+and ``cdi generate`` (the CDI path, in ``cdi_cli``; the spec's hook is the
+compiled ``nri-gpu-hook``, hook/).
 """
 
 from __future__ import annotations

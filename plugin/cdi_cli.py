@@ -1,14 +1,15 @@
-"""``nri-gpu cdi generate`` and ``nri-gpu hook start-container``: the CDI path.
+"""``nri-gpu cdi generate``: the CDI path.
 
-For runtimes that never reach NRI (nerdctl, podman, containerd with a CDI
-annotation): ``cdi generate`` writes a CDI spec from the node's inventory
-(``engine.cdi``); the runtime runs its ``createContainer`` hook, ``hook
-start-container``, which does the StartContainer work (``engine.hook``).
+For runtimes that never reach NRI (nerdctl, podman, Docker, containerd with a
+CDI annotation): ``cdi generate`` writes a CDI spec from the node's inventory
+(``engine.cdi``); the runtime runs its ``createContainer`` hook, the compiled
+``nri-gpu-hook`` (hook/), which does the StartContainer work with what the spec
+holds (``engine.cdi.hook_work``).
 
 That hook runs as root at every GPU container start, so ``cdi generate`` first
-checks that only root can change what it runs (``plugin.hook_install``) and
+checks that only root can change it (``plugin.hook_install.check_hook``) and
 refuses otherwise; ``--allow-untrusted-hook`` turns the refusal into a warning
-per problem, for test machines. The hook bounds its own run (``--time-limit``).
+per problem, for test machines.
 
 Exit codes: 0 done, 1 refused (the message says why), 2 usage error.
 """
@@ -25,29 +26,30 @@ from pathlib import Path
 from typing import Any
 
 from engine import (
+    HOOK_EXECUTABLE,
     LD_CACHE_MODES,
     Capability,
     EngineConfig,
     EngineError,
     HookCommand,
     Inventory,
-    add_hook_arguments,
     cdi_spec,
     discover_inventory,
     hook_command,
     parse_capabilities,
-    run_hook,
     spec_warnings,
 )
 from plugin import cli_args
 from plugin.cdi_conflicts import conflicts
+from plugin.compiled_hook import installed_hook
 from plugin.config_files import FileRefused, Folder
-from plugin.hook_install import check_install
+from plugin.hook_install import check_hook
 
 _EXECUTABLE = "nri-gpu"
-# Where the README installs the hook: root's own, named by every spec.
+# Where the README installs nri-gpu, and with it the hook: root's own, named by every spec.
 INSTALL_VENV = "/usr/local/lib/nri-gpu/venv"
 INSTALL_LINK = "/usr/local/bin/nri-gpu"
+NO_HOOK = f"nri-gpu: no {HOOK_EXECUTABLE} beside this nri-gpu (was it installed with pip?); pass --hook-path"
 
 
 def add_commands(
@@ -55,9 +57,9 @@ def add_commands(
     node_config: argparse.ArgumentParser,
     generate_command: Callable[[argparse.Namespace, Mapping[str, str]], int],
 ) -> None:
-    """Add the commands to ``commands`` (the parser's subparsers action): ``cdi`` with the
-    parent ``node_config`` (config file, log level, roots) and ``generate_command`` as its
-    command, ``hook`` with its own arguments (no config file, no environment)."""
+    """Add ``cdi`` to ``commands`` (the parser's subparsers action), with the parent
+    ``node_config`` (config file, log level, roots) and ``generate_command`` as its
+    command."""
     hook_args, _ = cli_args.cdi_hook()
     cdi = commands.add_parser(
         "cdi", parents=[hook_args, node_config], help="write a CDI spec for nerdctl, podman and other CDI users"
@@ -67,10 +69,6 @@ def add_commands(
     cdi.add_argument("--ldconfig", metavar="PATH", help="the host's static ldconfig the hook runs (--ld-cache rebuild)")
     cdi.add_argument("--ld-cache", choices=LD_CACHE_MODES, help="how the hook updates the ld.so cache (default merge)")
     cdi.set_defaults(func=generate_command)
-
-    hook = commands.add_parser("hook", help="OCI hooks run by the runtime (written into the CDI spec)")
-    add_hook_arguments(hook)
-    hook.set_defaults(func=start_container)
 
 
 def spec_text(inventory: Inventory, engine: EngineConfig, caps: frozenset[Capability], hook: HookCommand) -> str:
@@ -85,7 +83,8 @@ def capabilities(value: str | None, engine: EngineConfig) -> frozenset[Capabilit
 
 
 def own_path(argv0: str) -> str | None:
-    """Where this ``nri-gpu`` is installed, as an absolute path; None if unknown."""
+    """Where this ``nri-gpu`` (the console script) is installed, as an absolute path;
+    None if unknown."""
     if os.path.basename(argv0) == _EXECUTABLE and os.access(argv0, os.X_OK):
         return os.path.abspath(argv0)
     return shutil.which(_EXECUTABLE)
@@ -97,15 +96,15 @@ def _ld_cache_flags(args: argparse.Namespace, engine: EngineConfig) -> EngineCon
 
 def generate(args: argparse.Namespace, engine: EngineConfig, argv0: str) -> int:
     engine = _ld_cache_flags(args, engine)
-    hook_path = args.hook_path or own_path(argv0)
+    hook_path = args.hook_path or installed_hook(argv0)
     if hook_path is None:
-        print("nri-gpu: cannot tell where nri-gpu is installed; pass --hook-path", file=sys.stderr)
+        print(NO_HOOK, file=sys.stderr)
         return 2
     if not _hook_is_trusted(hook_path, args.allow_untrusted_hook):
         return 1
     try:
         caps = capabilities(args.capabilities, engine)
-        hook = hook_command(hook_path, engine, caps)
+        hook = hook_command(hook_path)
         inventory = discover_inventory(engine)
         text = spec_text(inventory, engine, caps, hook)
     except (EngineError, ValueError) as exc:
@@ -139,20 +138,20 @@ def generate(args: argparse.Namespace, engine: EngineConfig, argv0: str) -> int:
 def _hook_is_trusted(hook_path: str, allow: bool) -> bool:
     """Refuse (False, with the reasons) a hook that users other than root can
     change; with ``allow``, say loudly that the spec is unsafe and go on."""
-    problems = check_install(hook_path)
+    problems = check_hook(hook_path)
     if not problems:
         return True
     if allow:
         lines = [
             f"nri-gpu: WARNING: --allow-untrusted-hook: the spec's hook {hook_path} runs as root at every GPU "
-            "container start, and users other than root can change what it runs:",
+            "container start, and users other than root can change it:",
             *(f"nri-gpu: WARNING:   {p}" for p in problems),
             "nri-gpu: WARNING: use this spec for tests only",
         ]
     else:
         lines = [
             f"nri-gpu: refused: the spec's hook {hook_path} would run as root at every GPU container start, "
-            "and users other than root can change what it runs:",
+            "and users other than root can change it:",
             *(f"nri-gpu:   {p}" for p in problems),
             f"nri-gpu: install nri-gpu where only root can write (as root: python3 -m venv {INSTALL_VENV}; "
             f"{INSTALL_VENV}/bin/pip install <nri-gpu>; ln -s {INSTALL_VENV}/bin/nri-gpu {INSTALL_LINK}) and run "
@@ -160,10 +159,3 @@ def _hook_is_trusted(hook_path: str, allow: bool) -> bool:
         ]
     print("\n".join(lines), file=sys.stderr)
     return allow
-
-
-def start_container(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
-    """``hook start-container``: everything comes from the arguments the CDI spec holds,
-    no config file, no environment (the ``nri-gpu`` console script sends it to
-    ``engine.hookmain`` without importing this module)."""
-    return run_hook(args, sys.stdin)

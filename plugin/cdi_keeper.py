@@ -34,11 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from engine import EngineConfig, EngineError, Inventory, InventoryCache, hook_command, spec_warnings
-from plugin.cdi_cli import capabilities, own_path, spec_text
+from plugin.cdi_cli import capabilities, spec_text
 from plugin.cdi_conflicts import SPEC_DIRS, conflicts
+from plugin.compiled_hook import installed_hook
 from plugin.config import CdiConfig
 from plugin.config_files import FileRefused, Folder
-from plugin.hook_install import check_install, check_tree
+from plugin.hook_install import check_hook, check_tree
 
 __all__ = ["SpecKeeper", "WatchedInventory", "keeper_for"]
 
@@ -216,13 +217,13 @@ class SpecKeeper:
 def keeper_for(config: CdiConfig, engine: EngineConfig, argv0: str) -> SpecKeeper | None:
     """The keeper ``[cdi]`` asks for, with the hook of ``cdi generate``; None (logged)
     when the spec cannot be made at all."""
-    hook_path = config.hook_path or own_path(argv0)
+    hook_path = config.hook_path or installed_hook(argv0)
     if hook_path is None:
-        logger.error("CDI spec %s: not kept: cannot tell where nri-gpu is installed; set [cdi] hook_path", config.spec)
+        logger.error("CDI spec %s: not kept: no nri-gpu-hook beside this nri-gpu; set [cdi] hook_path", config.spec)
         return None
     try:
         caps = capabilities(None, engine)
-        hook = hook_command(hook_path, engine, caps)
+        hook = hook_command(hook_path)
     except (EngineError, ValueError) as exc:
         logger.error("CDI spec %s: not kept: %s", config.spec, exc)
         return None
@@ -235,6 +236,6 @@ def keeper_for(config: CdiConfig, engine: EngineConfig, argv0: str) -> SpecKeepe
     return SpecKeeper(
         config.spec,
         render,
-        lambda: check_install(hook_path),
+        lambda: check_hook(hook_path),
         allow_untrusted=config.allow_untrusted_hook,
     )

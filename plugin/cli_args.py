@@ -57,11 +57,13 @@ def cdi_hook(title: str | None = None) -> tuple[argparse.ArgumentParser, argpars
         help="driver capabilities the spec gives, as NVIDIA_DRIVER_CAPABILITIES (default utility,compute)",
     )
     place.add_argument(
-        "--hook-path", metavar="PATH", help="absolute path of nri-gpu on the host (default: this nri-gpu)"
+        "--hook-path",
+        metavar="PATH",
+        help="absolute path of nri-gpu-hook on the host (default: the one installed beside this nri-gpu)",
     )
     place.add_argument(
         "--allow-untrusted-hook",
         action="store_true",
-        help="INSECURE: write the spec even when users other than root can change the hook's files (tests only)",
+        help="INSECURE: write the spec even when users other than root can change the hook (tests only)",
     )
     return parent, place

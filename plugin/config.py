@@ -132,7 +132,7 @@ class CdiConfig:
 
     # Absolute path of the spec file; "" keeps none.
     spec: str = ""
-    # Absolute path of the nri-gpu the spec's hook runs; "" for this one.
+    # Absolute path of the nri-gpu-hook the spec names; "" for the one beside this nri-gpu.
     hook_path: str = ""
     # Write the spec even when users other than root can change the hook's files (tests only).
     allow_untrusted_hook: bool = False

@@ -244,13 +244,13 @@ OPTIONS: tuple[Option, ...] = (
         "cdi",
         "hook_path",
         '""',
-        'Absolute path of the nri-gpu whose hook the spec names; "" for this one.',
+        'Absolute path of the nri-gpu-hook the spec names; "" for the one beside this nri-gpu.',
     ),
     Option(
         "cdi",
         "allow_untrusted_hook",
         "false",
-        "Write the spec even when users other than root can change what its hook runs.\n"
+        "Write the spec even when users other than root can change its hook.\n"
         "Security: the hook runs as root at every GPU container start; tests only.",
     ),
 )

@@ -1,29 +1,29 @@
-"""The ``nri-gpu`` console script: ``hook`` to the hook's light command line, the rest to ``plugin.__main__``.
+"""The ``nri-gpu`` console script: every command goes to ``plugin.__main__``.
 
-A GPU container's start waits for the CDI hook (``nri-gpu hook start-container``),
-so that command imports nothing it does not need (``engine.hookmain``: no
-asyncio, protobuf, NRI stub or config file); every other command gets the
-whole command line. Nothing is imported here before the choice (``gc`` and ``sys``
-are built in).
+One word is answered here: ``hook``. Until 0.1 the CDI spec's hook was
+``nri-gpu hook start-container``, run in Python; the hook is now the compiled
+``nri-gpu-hook`` beside ``nri-gpu`` (``engine.cdi``). A spec written before
+that still names ``nri-gpu hook``: it fails the GPU container's start with the
+one thing to do, rather than start it without its start work.
 """
 
 from __future__ import annotations
 
-import gc
 import sys
 
-__all__ = ["main"]
+__all__ = ["OLD_SPEC_MESSAGE", "main"]
+
+OLD_SPEC_MESSAGE = (
+    "nri-gpu hook: this CDI spec was written by an older nri-gpu, whose hook was `nri-gpu hook`; "
+    "its hook is now nri-gpu-hook: write the spec again (`nri-gpu cdi generate --output ...`, or "
+    "`nri-gpu install --runtime docker|podman`)\n"
+)
 
 
 def main() -> int:
     if sys.argv[1:2] == ["hook"]:
-        # The hook lives for a few tens of ms and leaves no garbage worth finding:
-        # without the cyclic collector, which its imports (classes by the dozen)
-        # would set off again and again, it starts ~2 ms sooner (hack/bench).
-        gc.disable()
-        from engine import hook_main
-
-        return hook_main(sys.argv[2:])
+        sys.stderr.write(OLD_SPEC_MESSAGE)
+        return 1
     from plugin.__main__ import main as cli_main
 
     return cli_main()

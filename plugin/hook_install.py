@@ -1,17 +1,21 @@
-"""Where the CDI hook is installed, checked before a spec names it.
+"""Where the CDI hook is installed, checked before a spec or a unit names it.
 
-The spec's hook runs as root at every start of a GPU container, from whatever
-``nri-gpu`` wrote the spec: ``sudo ~user/src/nri-gpu/.venv/bin/nri-gpu cdi
-generate`` would make every root runtime of the node run, as root, whatever
-that user later puts in that checkout. So ``cdi generate`` refuses a hook that
-anyone but root can change:
+The spec's hook runs as root at every start of a GPU container, from wherever
+the spec says: ``sudo ~user/src/nri-gpu/.venv/bin/nri-gpu cdi generate`` would
+make every root runtime of the node run, as root, whatever that user later puts
+in that checkout. So ``cdi generate`` refuses a hook that anyone but root can
+change (``check_hook``): the compiled ``nri-gpu-hook`` and every directory on the
+way to it (symlinks followed as the kernel follows them, each directory a name
+is looked up in checked). It is statically linked, so the file is all it runs;
+a dynamically linked build (a distribution's) also runs its ELF interpreter,
+checked the same way, which loads the libraries root's ld.so configuration
+names.
 
-* the executable, its ``#!`` interpreter, and every directory on the way to
-  them (symlinks followed as the kernel follows them, each directory a name is
-  looked up in checked);
-* every directory the hook imports from: the interpreter's ``sys.path`` as the
-  hook has it (``-I``, the CDI env's equivalent) and the folders of ``plugin``
-  and ``engine``, each with everything under it.
+The systemd units of ``install --runtime docker|podman`` run ``nri-gpu cdi
+generate`` itself at every boot, in Python: ``check_install`` checks that
+console script, its ``#!`` interpreter and every directory it imports from: the
+interpreter's ``sys.path`` as it has it (``-I``) and the folders of ``plugin``
+and ``engine``, each with everything under it.
 
 "Anyone but root can change" means: not owned by uid 0, or writable by its
 group or by others. A directory on the way may be writable by others if it is
@@ -41,9 +45,10 @@ import stat
 import subprocess
 from collections.abc import Iterable
 
-__all__ = ["check_file", "check_folder", "check_imports", "check_install", "check_tree"]
+__all__ = ["check_file", "check_folder", "check_hook", "check_imports", "check_install", "check_tree"]
 
 _HOPS = 40  # symlinks followed in one path, as the kernel's limit
+_ELF_HEAD = 65536  # where every toolchain puts the program headers
 _SHEBANG_LIMIT = 256  # what the kernel reads of a script's #! line
 _QUERY_TIMEOUT = 10.0
 _MAX_PROBLEMS = 20
@@ -324,3 +329,24 @@ def check_install(executable: str) -> list[str]:
     except (ValueError, OSError, subprocess.TimeoutExpired) as exc:
         return [str(exc)]
     return problems[:_MAX_PROBLEMS]
+
+
+def check_hook(executable: str) -> list[str]:
+    """Every reason a non-root user could change what the compiled hook at
+    ``executable`` runs; [] when none. It must be an ELF executable: statically
+    linked, or with an ELF interpreter that passes the same check."""
+    from engine import elf_interpreter
+
+    problems = check_file(executable)
+    if problems:
+        return problems
+    try:
+        with open(executable, "rb") as f:
+            interp = elf_interpreter(f.read(_ELF_HEAD))
+    except ValueError as exc:
+        return [f"{executable} is not nri-gpu's compiled hook ({exc}): pass the nri-gpu-hook installed beside nri-gpu"]
+    except OSError as exc:
+        return [f"{executable} cannot be read: {exc.strerror}"]
+    if interp is None:
+        return []
+    return [f"{executable}'s ELF interpreter: {p}" for p in check_file(interp)]

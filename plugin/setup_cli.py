@@ -220,6 +220,7 @@ def _spec(args: argparse.Namespace, argv0: str) -> tuple[str, str] | None:
     # Imported here: the CDI path pulls in the engine, which containerd and CRI-O setup never need.
     from engine import EngineError, discover_inventory, hook_command
     from plugin import cdi_cli
+    from plugin.compiled_hook import installed_hook
 
     try:
         settings = (
@@ -231,16 +232,16 @@ def _spec(args: argparse.Namespace, argv0: str) -> tuple[str, str] | None:
     except (ConfigError, EngineError, OSError) as exc:
         print(f"nri-gpu: {exc}", file=sys.stderr)
         return None
-    hook_path = args.hook_path or cdi_cli.own_path(argv0)
+    hook_path = args.hook_path or installed_hook(argv0)
     if hook_path is None:
-        print("nri-gpu: cannot tell where nri-gpu is installed; pass --hook-path", file=sys.stderr)
+        print(cdi_cli.NO_HOOK, file=sys.stderr)
         return None
     if not cdi_cli._hook_is_trusted(hook_path, args.allow_untrusted_hook):
         return None
     try:
         caps = cdi_cli.capabilities(args.capabilities, engine)
         inventory = discover_inventory(engine)
-        text = cdi_cli.spec_text(inventory, engine, caps, hook_command(hook_path, engine, caps))
+        text = cdi_cli.spec_text(inventory, engine, caps, hook_command(hook_path))
     except (EngineError, ValueError) as exc:
         print(f"nri-gpu: {exc}", file=sys.stderr)
         return None
@@ -252,15 +253,20 @@ def _spec(args: argparse.Namespace, argv0: str) -> tuple[str, str] | None:
 def _units(args: argparse.Namespace, driver_root: str) -> Units | None:
     """The systemd units that run this install's ``cdi generate`` again (None: --no-unit)."""
     from plugin import cdi_cli
+    from plugin.compiled_hook import installed_hook
 
     if args.no_unit:
         return None
-    hook_path = args.hook_path or cdi_cli.own_path(sys.argv[0] if sys.argv else "")
-    flags = []
+    argv0 = sys.argv[0] if sys.argv else ""
+    nri_gpu = cdi_cli.own_path(argv0)
+    hook_path = args.hook_path or installed_hook(argv0)
+    if nri_gpu is None or hook_path is None:
+        raise SetupError("cannot tell where nri-gpu and nri-gpu-hook are installed for the units; pass --no-unit")
+    flags = ["--hook-path", hook_path]
     for name in ("driver_root", "dev_root", "proc_root", "host_root", "capabilities"):
         if getattr(args, name):
             flags += ["--" + name.replace("_", "-"), getattr(args, name)]
-    texts = planned_units(str(hook_path), args.cdi_spec, flags, driver_root, args.unit_dir)
+    texts = planned_units(nri_gpu, args.cdi_spec, flags, driver_root, args.unit_dir)
     return Units(args.unit_dir, texts)
 
 

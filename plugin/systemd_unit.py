@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from plugin.config_files import Folder
-from plugin.hook_install import check_folder, check_install
+from plugin.hook_install import check_folder, check_hook, check_install
 from plugin.runtime_setup import OURS_LINK, Result, SetupError, unified_diff
 
 __all__ = [
@@ -69,14 +69,15 @@ def _safe(value: str, what: str) -> str:
     return value
 
 
-def exec_start(hook_path: str, spec: Path, flags: Sequence[str]) -> list[str]:
-    """The command the service runs: this install's ``cdi generate`` with ``flags``
-    (the roots and capabilities install was given), each word checked."""
-    if not hook_path.startswith("/"):
-        raise SetupError(f"the hook path {hook_path!r} is not absolute")
+def exec_start(nri_gpu: str, spec: Path, flags: Sequence[str]) -> list[str]:
+    """The command the service runs: this install's ``nri-gpu cdi generate`` with
+    ``flags`` (the hook's path, the roots and capabilities install was given), each
+    word checked."""
+    if not nri_gpu.startswith("/"):
+        raise SetupError(f"the nri-gpu path {nri_gpu!r} is not absolute")
     if not spec.is_absolute():
         raise SetupError(f"the spec path {str(spec)!r} is not absolute")
-    argv = [hook_path, "cdi", "generate", "--output", str(spec), *flags]
+    argv = [nri_gpu, "cdi", "generate", "--output", str(spec), *flags]
     return [_safe(word, "unit command word") for word in argv]
 
 
@@ -114,14 +115,19 @@ WantedBy={_WANTED_BY}
 
 
 def planned_units(
-    hook_path: str, spec: Path, flags: Sequence[str], driver_root: str | None, unit_dir: Path
+    nri_gpu: str, spec: Path, flags: Sequence[str], driver_root: str | None, unit_dir: Path
 ) -> dict[str, str]:
     """The unit files for this install, refused (SetupError, every problem named) when
-    a user other than root could change what they run or where they write: the hook
-    (as ``cdi generate`` checks it, and no ``--allow-untrusted-hook`` here: a unit runs
-    unattended at every boot), the spec's folder, the roots and the unit folder."""
-    argv = exec_start(hook_path, spec, flags)
-    problems = check_install(hook_path)
+    a user other than root could change what they run or where they write: ``nri-gpu``
+    itself (a Python console script, and everything it imports) and the hook its spec
+    names (``--hook-path`` in ``flags``, as ``cdi generate`` checks it, and no
+    ``--allow-untrusted-hook`` here: a unit runs unattended at every boot), the spec's
+    folder, the roots and the unit folder."""
+    argv = exec_start(nri_gpu, spec, flags)
+    problems = check_install(nri_gpu)
+    hooks = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f == "--hook-path"]
+    for hook in hooks:
+        problems += check_hook(hook)
     folders = [str(spec.parent), str(unit_dir), *(flags[i + 1] for i, f in enumerate(flags) if f.endswith("-root"))]
     for folder in dict.fromkeys(folders):
         problems += check_folder(folder)

@@ -94,7 +94,7 @@ def test_plugin_uses_only_the_engines_front_door(path: Path) -> None:
     [
         "from engine.plan import plan\n",
         "import engine.discover\n",
-        "from engine import hookmain\n",
+        "from engine import discover\n",
         "def f():\n    from engine.start import runner\n",
     ],
     ids=["from-submodule", "import-submodule", "submodule-from-package", "inside-a-function"],

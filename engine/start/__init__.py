@@ -23,8 +23,8 @@ if TYPE_CHECKING:  # the names as the type checker sees them; loaded lazily belo
     )
     from engine.start.work import StartReport, StartWork, start_work
 
-# Loaded on first use (PEP 562): the CDI hook imports ``engine.start.actions``
-# and must not pay for the NRI path's forked runner, which imports asyncio.
+# Loaded on first use (PEP 562): a command that plans (``nri-gpu plan``) does not
+# pay for the NRI path's forked runner, which imports asyncio.
 _EXPORTS = {
     "DEFAULT_LDCONFIG": "engine.start.runner",
     "DEFAULT_TIMEOUT": "engine.start.runner",

@@ -51,7 +51,7 @@ from engine.start import appprofile, cgroup, compat, ipc, ldconfig, links, mount
 from engine.start.rootdir import RootDir
 from engine.start.work import StartReport, StartWork, WorkError
 
-__all__ = ["StepFailed", "identity_blind_spots", "perform", "perform_in_bundle"]
+__all__ = ["StepFailed", "identity_blind_spots", "perform"]
 
 
 # mountinfo of a container: a few KB; one with thousands of mounts is refused
@@ -129,44 +129,6 @@ def perform(
         root = RootDir.current()
         for seen, whose in roots:
             _refuse_host_root(root, seen, f"process {pid} has {whose} root: not a container")
-    return _steps(root, host, work, steps, deadline, started)
-
-
-def perform_in_bundle(
-    rootfs: str,
-    work: StartWork,
-    *,
-    ldconfig_path: str,
-    deadline: float,
-    on_step: Callable[[str], None] | None = None,
-) -> StartReport:
-    """Do ``work`` from an OCI ``createContainer`` hook.
-
-    Such a hook runs in the container's namespaces, but before ``pivot_root``:
-    the host's files are still visible at their paths and the container's root
-    is the directory ``rootfs`` (the bundle's ``root.path``, with the spec's
-    mounts already under it). Nothing is entered; the root is opened as the
-    ``RootDir`` every path is resolved against, and ldconfig is confined to it
-    with ``chroot`` as well. Raises ``StepFailed``.
-    """
-    started = time.perf_counter()
-    steps = _Steps(on_step)
-    with steps.step("enter"):
-        try:
-            fd = os.open(rootfs, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise WorkError(f"container root {rootfs}: {exc.strerror}") from exc
-        root = RootDir(fd)
-        for seen, whose in _identities("root"):
-            _refuse_host_root(root, seen, f"container root {rootfs} is {whose} root")
-        host = _Host(procsource.source_for(work.proc_source))
-        if work.ipc:
-            with steps.step("IPC endpoints"):
-                host.ipc_seen = ipc.on_host(work)  # the hook sees the host's paths as they are
-        if work.ldconfig_folders and work.ld_cache is LdCache.REBUILD:
-            with steps.step("ldconfig"):
-                host.trusted = _trusted_here(root, rootfs, ldconfig_path)
-        _take_proc_source(host, work, steps)
     return _steps(root, host, work, steps, deadline, started)
 
 
@@ -335,26 +297,3 @@ def _trusted(proc: int, path: str) -> ldconfig.Trusted:
     own = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)  # unreachable once inside
     devnull = os.open("/dev/null", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
     return ldconfig.Trusted(path=path, binary=binary, own_pid_namespace=own, proc_mounts=points, devnull=devnull)
-
-
-def _trusted_here(root: RootDir, rootfs: str, path: str) -> ldconfig.Trusted:
-    """``Trusted`` for a hook: already in the container's namespaces, so none to
-    join; the root is ``chroot``ed into; the procfs mounts to cover are those
-    under ``rootfs`` in this mount namespace."""
-    prefix = os.path.realpath(rootfs).rstrip("/")
-    # The host's mounts as well as the container's, before pivot_root: bounded like a container's.
-    points = _proc_mounts(
-        os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_NOCTTY | os.O_CLOEXEC),
-        "/proc/self/mountinfo",
-        " (the host's mounts and the container's)",
-    )
-    binary = ldconfig.open_trusted(path)
-    inside = tuple(point[len(prefix) :] for point in points if point.startswith(prefix + "/"))
-    devnull = os.open("/dev/null", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-    try:
-        own: int | None = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        own = None  # a hook makes no process after ldconfig's: nothing to set back for
-    return ldconfig.Trusted(
-        path=path, binary=binary, own_pid_namespace=own, proc_mounts=inside, devnull=devnull, chroot=root.fd
-    )

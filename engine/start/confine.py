@@ -64,8 +64,7 @@ class Trusted:
     namespace, set back for its children after the ldconfig process was made in
     a fresh one (None: not reachable, the caller makes no further process);
     ``proc_mounts``: mount points of the container's procfs mounts; ``devnull``:
-    the host's ``/dev/null``, for stdin; ``chroot``: the root to change into
-    first, when ``/`` is not yet the container's (hook mode).
+    the host's ``/dev/null``, for stdin.
     """
 
     path: str
@@ -73,7 +72,6 @@ class Trusted:
     own_pid_namespace: int | None
     proc_mounts: tuple[str, ...]
     devnull: int
-    chroot: int | None = None  # a hook's container root (not yet pivoted to): ldconfig's root
 
 
 def exec_confined(trusted: Trusted, output: int, cache_mount: int, parent: int) -> None:
@@ -97,12 +95,6 @@ def exec_confined(trusted: Trusted, output: int, cache_mount: int, parent: int) 
         # its pidfd: as pid 1 of its own pid namespace this process has no
         # parent pid to look at (getppid() is 0).
         syscalls.parent_death_signal(signal.SIGKILL)
-        if trusted.chroot is not None:
-            # A hook, before pivot_root: "/" is still the host's. Changed into
-            # before unshare, which moves root and cwd to the new namespace's
-            # copies (the fd itself would keep naming the old namespace's mount).
-            os.fchdir(trusted.chroot)
-            os.chroot(".")
         # A private copy of the container's mount namespace: what is covered
         # here is covered for ldconfig only, never for the container.
         # Fresh net, IPC and UTS namespaces come along (not the container's: a

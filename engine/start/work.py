@@ -149,8 +149,8 @@ def start_work(
     """The start-time part of ``plan``; ``proc_root`` is the engine's procfs root,
     ``ld_cache`` the ``engine.ld_cache`` mode, ``cgroups_path`` the container's
     ``linux.cgroupsPath`` as the runtime sent it, ``driver_root`` the engine's,
-    ``ipc`` the IPC endpoints to check when they are not the plan's (the CDI
-    hook's: those its spec mounted), ``cuda_compat`` the policy switch and
+    ``ipc`` the IPC endpoints to check when they are not the plan's (a
+    container the plugin found already equipped: those its mounts hold), ``cuda_compat`` the policy switch and
     ``driver_version`` the host driver's (``Inventory.driver_version``).
 
     >>> start_work(Plan(visible_bus_ids=("0000:07:00.0",)), 'container "c"', "/proc").proc_source is None

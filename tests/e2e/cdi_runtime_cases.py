@@ -130,7 +130,7 @@ def _scan(token: str) -> str:
 def check_hostile_image(load: Callable[[Image], None], run: Run, node: SimNode, bait: Bait, case: str) -> str:
     """Run the hostile image of ``case`` with GPU 0: the host's bait must be untouched and
     the container either runs with its GPU and sees no bait, or is refused with a message
-    naming the problem (never a traceback). Returns the outcome, for the log."""
+    naming the problem (never a traceback or a panic). Returns the outcome, for the log."""
     if hostile.needs_gcc(case) and shutil.which("gcc") is None:
         pytest.skip(f"the {case} image needs gcc, which this machine lacks")
     load(hostile.hostile_image(case))
@@ -144,6 +144,7 @@ def check_hostile_image(load: Callable[[Image], None], run: Run, node: SimNode, 
     if done.returncode != 0:
         assert case not in MUST_RUN, f"{case} must not stop a GPU container: {done.stderr}"
         assert "Traceback" not in done.stderr and 'File "' not in done.stderr, done.stderr
+        assert "panicked" not in done.stderr, done.stderr
         named = REFUSAL_NAMES.get(case, ())
         assert any(n in done.stderr for n in named) or any(w in done.stderr.lower() for w in PROBLEM_WORDS), (
             f"the refusal names neither {named} nor the problem: {done.stderr}"

@@ -26,13 +26,13 @@ from typing import Any
 
 import pytest
 
-from plugin.hook_install import check_install
+from plugin.hook_install import check_hook
 from tests.testbed import debs, images, runtimes
 from tests.testbed.containerd import Containerd, reap_stale
 from tests.testbed.cri import CriClient
 from tests.testbed.gpunode import SimNode, build_node
 from tests.testbed.images import Image
-from tests.testbed.plugins import NRI_GPU, NriGpuProcess
+from tests.testbed.plugins import NRI_GPU, NRI_GPU_HOOK, NriGpuProcess
 
 _IDS = {"1.7.24": "containerd-1.7", "2.1.9": "containerd-2.1"}
 
@@ -204,9 +204,10 @@ def write_cdi_spec(bed: Testbed, node: SimNode, name: str) -> Path:
     The caller removes it: containerd is shared by the session, and two specs of
     the same kind naming the same device make every injection of it fail.
 
-    The hook is this checkout's nri-gpu, which is root's alone here but may not be
+    The hook is the one installed beside this checkout's nri-gpu (.venv/bin/nri-gpu-hook,
+    what ``cdi generate`` names by default), which is root's alone here but may not be
     where CI clones: the override lets the tests run either way, and must then say
-    so loudly (and say nothing when the install is root's)."""
+    so loudly (and say nothing when the hook is root's)."""
     path = bed.containerd.cdi_dir / name
     done = subprocess.run(
         [NRI_GPU, "cdi", "generate", *node.flags(), "--output", str(path), "--allow-untrusted-hook"],
@@ -214,7 +215,7 @@ def write_cdi_spec(bed: Testbed, node: SimNode, name: str) -> Path:
         text=True,
     )
     assert done.returncode == 0, done.stderr
-    # Loud exactly when the install is not root's alone, silent when it is.
-    untrusted = bool(check_install(NRI_GPU))
+    # Loud exactly when the hook is not root's alone, silent when it is.
+    untrusted = bool(check_hook(NRI_GPU_HOOK))
     assert ("WARNING: --allow-untrusted-hook" in done.stderr) == untrusted, done.stderr
     return path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from tests.testbed.bench.logparse import parse_log
 from tests.testbed.bench.report import render
 from tests.testbed.bench.session import VARIANTS
 from tests.testbed.bench.stats import grows, percentile, summarize
+from tests.testbed.plugins import ROOT as CHECKOUT
 
 from .conftest import _cannot_run, _preflight
 
@@ -165,26 +167,48 @@ def test_tiny_run_on_one_containerd(tmp_path: Path) -> None:
     assert_cdi_part(results, text, runs=2)
 
 
+def python_hook_revision() -> tuple[str, list[str]]:
+    """The last revision whose spec ran the Python hook (``nri-gpu hook start-container``):
+    the parent of the commit that deleted engine/hookmain.py, HEAD while that is not
+    committed; and the command its spec's hook runs (the compiled hook's where the
+    history at hand holds no Python hook, as in a shallow clone)."""
+    git = ["git", "-C", str(CHECKOUT)]
+    deleted = subprocess.run(
+        [*git, "log", "-1", "--format=%H", "--diff-filter=D", "--", "engine/hookmain.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    rev = f"{deleted[:12]}^" if deleted else "HEAD"
+    python = subprocess.run([*git, "cat-file", "-e", f"{rev}:engine/hookmain.py"], capture_output=True).returncode == 0
+    return rev, ["nri-gpu", "hook", "start-container"] if python else [
+        "nri-gpu-hook",
+        "start-container",
+        "--time-limit",
+    ]
+
+
 def test_cdi_only_run(tmp_path: Path) -> None:
     reason = _preflight()
     if reason:
         _cannot_run(reason)
+    rev, command = python_hook_revision()
     out = tmp_path / "bench.json"
-    argv = [
-        "--cdi-only",
-        *_CDI_ARGS,
-        "--hook-baseline",
-        "HEAD",
-        "--output",
-        str(out),
-    ]
+    argv = ["--cdi-only", *_CDI_ARGS, "--hook-baseline", rev, "--output", str(out)]
     assert bench.main(argv) == 0
     results = json.loads(out.read_text())
     assert not results["runtimes"] and "inprocess" not in results
     text = render(results)
     assert_cdi_part(results, text, runs=2)
-    baseline = results["cdi"]["hook_alone"]["baseline"]  # the interleaved before/after of the hook
-    assert baseline["rev"] == "HEAD" and baseline["n"] == 2 and "The hook installed from HEAD" in text
+    cdi = results["cdi"]
+    # The interleaved before/after of the hook, alone and through each engine.
+    baseline = cdi["hook_alone"]["baseline"]
+    assert (baseline["rev"], baseline["n"], baseline["command"]) == (rev, 2, command), baseline
+    assert "own_p50" in baseline and "baseline_over_p50" in cdi["hook_alone"]
+    assert f"The hook of {rev}'s spec (`{' '.join(command)}`)" in text, text
+    for engine, result in cdi["engines"].items():
+        assert result["gpu, baseline hook"]["n"] == 2 and "baseline_over_p50" in result, engine
+    assert "baseline hook over plain p50" in text or not cdi["engines"]
 
 
 def assert_cdi_part(results: dict[str, Any], text: str, *, runs: int) -> None:
@@ -192,15 +216,21 @@ def assert_cdi_part(results: dict[str, Any], text: str, *, runs: int) -> None:
     cdi = results["cdi"]
     assert set(cdi["engines"]) | set(cdi["skipped"]) == {"podman 4.3.1", "docker 28.5.2"}, cdi["skipped"]
     for engine, result in cdi["engines"].items():
-        variants = ("plain", "gpu", "gpu, no-op hook", "gpu, Python floor hook")
-        assert [result[v]["n"] for v in variants] == [runs] * 4, engine
+        variants = ("plain", "gpu", "gpu, no-op hook")
+        assert [result[v]["n"] for v in variants] == [runs] * 3, engine
         assert {"p50", "p90"} <= set(result["gpu"]) and "over_p50" in result and "over_p90" in result
-        assert "noop_hook_over_p50" in result and "floor_hook_over_p50" in result
+        assert "noop_hook_over_p50" in result and "noop_hook_over_p90" in result
         assert f"| {engine}" in text
     alone = cdi["hook_alone"]
-    assert [alone[part]["n"] for part in ("/bin/true", "interpreter", "imports", "hook")] == [runs] * 4
-    assert "over_p50" in alone and len(alone["split_p50"]) == 3
-    assert cdi["hook_command"][1:] == ["hook", "start-container"]
-    assert "## CDI: run --rm with and without a GPU" in text and "The hook alone" in text and "imports" in text
+    assert [alone[part]["n"] for part in ("/bin/true", "hook")] == [runs] * 2
+    assert "over_p50" in alone and "over_p90" in alone
+    # The compiled hook installed beside the installed nri-gpu, as the spec runs it.
+    command = cdi["hook_command"]
+    assert command[0].endswith("/venv/bin/nri-gpu-hook"), command
+    assert command[1:5] == ["start-container", "--time-limit", "10", "--work"] and command[5].endswith(
+        " bytes of JSON>"
+    )
+    assert "## CDI: run --rm with and without a GPU" in text and "The hook alone" in text and "own time" in text
+    assert "What a GPU adds to `run --rm`" in text or not cdi["engines"]
     cdi_targets = [t for t in results["targets"] if t["target"].startswith("GPU run --rm p50 within 30 ms")]
     assert {t["runtime"] for t in cdi_targets} == set(cdi["engines"])

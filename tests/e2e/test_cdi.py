@@ -4,11 +4,13 @@
 spec directory (``enable_cdi`` is on in the test bed's config); a container
 asks for ``nvidia.com/gpu=0`` and ``=2`` with the ``cdi.k8s.io/`` annotation,
 which containerd's own CDI code injects, running our ``createContainer`` hook
-in runc. Beside it, a container asks ``nvidia.com/gpus: 0,2`` through the NRI
+(the compiled ``nri-gpu-hook``) in runc. Beside it, a container asks ``nvidia.com/gpus: 0,2`` through the NRI
 plugin (running on the same containerd). Both must show the same device nodes,
 the same driver mounts, the same ``/proc/driver/nvidia`` view and the same
 ``ldconfig -p``; the CDI container's ``NVIDIA_VISIBLE_DEVICES=void`` keeps the
-plugin from acting on it a second time.
+plugin from acting on it a second time. A spec written before the hook was
+compiled (its hook ``nri-gpu hook start-container``) fails the container's start
+with what to do, rather than start it without its start work.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from typing import Any
 
 import pytest
 
-from engine.cdi import HOOK_TIMEOUT
+from engine.cdi import HOOK_TIMEOUT, HOOK_WORK_VERSION
+from plugin.entry import OLD_SPEC_MESSAGE
 from tests.testbed.cri import CriClient, CriError
 from tests.testbed.gpunode import SimNode
 from tests.testbed.images import GLIBC
 from tests.testbed.plugins import NriGpuProcess
 
-from .conftest import NRI_GPU, Testbed, write_cdi_spec
+from .conftest import NRI_GPU, NRI_GPU_HOOK, Testbed, write_cdi_spec
 
 SLEEP = ["sh", "-c", "sleep 3600"]
 
@@ -80,11 +83,17 @@ def test_spec_names_every_gpu_by_index_uuid_and_all(spec: dict[str, Any], node: 
     assert names == [n for g in node.gpus for n in (str(g.index), g.uuid)] + ["all"]
     assert spec["kind"] == "nvidia.com/gpu"
     hook = spec["containerEdits"]["hooks"]
-    assert [h["hookName"] for h in hook] == ["createContainer"] and hook[0]["path"] == NRI_GPU
-    assert hook[0]["args"][1:3] == ["hook", "start-container"]
-    # Nothing else reaches our hook, and Python imports nothing from runc's working
-    # directory (the bundle) or a user's site; runc kills it if it hangs.
-    assert [e.split("=")[0] for e in hook[0]["env"]] == ["PATH", "PYTHONSAFEPATH", "PYTHONNOUSERSITE"]
+    # The compiled hook installed beside this nri-gpu, named by default.
+    assert [h["hookName"] for h in hook] == ["createContainer"] and hook[0]["path"] == NRI_GPU_HOOK
+    args = hook[0]["args"]
+    assert args[:5] == [NRI_GPU_HOOK, "start-container", "--time-limit", "10", "--work"] and len(args) == 6, args
+    # The work description holds the node's GPUs as the spec names them, by index.
+    work = json.loads(args[5])
+    assert work["version"] == HOOK_WORK_VERSION
+    assert work["gpus"] == [[g.minor, g.bus_id] for g in node.gpus]
+    assert work["proc_source"] == f"{node.proc_root}/driver/nvidia"
+    # Nothing else reaches our hook (a PATH only); runc kills it if it hangs.
+    assert [e.split("=")[0] for e in hook[0]["env"]] == ["PATH"]
     assert hook[0]["timeout"] == HOOK_TIMEOUT
 
 
@@ -117,3 +126,23 @@ def test_cdi_device_unknown_to_the_spec_fails_creation(testbed: Testbed, cri: Cr
     with pytest.raises(CriError) as err:
         cdi_container(cri, "cdi-unknown", "nvidia.com/gpu=9")
     assert "nvidia.com/gpu=9" in str(err.value)
+
+
+def test_spec_of_the_python_hook_fails_the_start_loudly(testbed: Testbed, cri: CriClient, node: SimNode) -> None:
+    """A spec written by an nri-gpu whose hook was Python (``nri-gpu hook
+    start-container`` and its flags) still reaches ``nri-gpu hook``: the container
+    is not started without its start work, and the error says to write the spec again."""
+    path = write_cdi_spec(testbed, node, "nri-gpu-old.json")
+    try:
+        old = json.loads(path.read_text())
+        old["kind"] = "nri-gpu-old.example/gpu"  # beside the module's spec, not naming its devices
+        (hook,) = old["containerEdits"]["hooks"]
+        flags = ["--driver-root", str(node.driver_root), "--ld-cache", "merge", "--capabilities", "compute,utility"]
+        hook.update(path=NRI_GPU, args=[NRI_GPU, "hook", "start-container", *flags])
+        hook["env"] += ["PYTHONSAFEPATH=1", "PYTHONNOUSERSITE=1"]
+        path.write_text(json.dumps(old))
+        with pytest.raises(CriError) as err:
+            cdi_container(cri, "cdi-old-spec", "nri-gpu-old.example/gpu=0")
+    finally:
+        path.unlink(missing_ok=True)
+    assert OLD_SPEC_MESSAGE.strip() in str(err.value), err.value

@@ -30,7 +30,7 @@ from tests.testbed.gpunode import SimNode, build_node, run_ldconfig
 from tests.testbed.images import GLIBC
 from tests.testbed.plugins import NriGpuProcess
 
-from .conftest import NRI_GPU, Testbed, _cannot_run
+from .conftest import NRI_GPU_HOOK, Testbed, _cannot_run
 
 OLD, NEW = "550.163.01", "555.58.02"
 NEW_PACKAGES = ("libcuda1", "libnvidia-ml1", "libnvidia-ptxjitcompiler1")
@@ -83,8 +83,8 @@ def upgradable(tmp_path: Path) -> SimNode:
 def keeping(testbed: Testbed, upgradable: SimNode, tmp_path: Path) -> Iterator[tuple[NriGpuProcess, Path]]:
     spec = testbed.containerd.cdi_dir / "nri-gpu-kept.json"
     config = tmp_path / "config.toml"
-    # The hook is this checkout's nri-gpu, which may not be root's alone where CI clones.
-    config.write_text(f'[cdi]\nspec = "{spec}"\nhook_path = "{NRI_GPU}"\nallow_untrusted_hook = true\n')
+    # The hook is the one beside this checkout's nri-gpu, which may not be root's alone where CI clones.
+    config.write_text(f'[cdi]\nspec = "{spec}"\nhook_path = "{NRI_GPU_HOOK}"\nallow_untrusted_hook = true\n')
     log = tmp_path / "nri-gpu.log"
     proc = NriGpuProcess(testbed.containerd.nri_socket, log, "--config", str(config), *upgradable.flags()).start()
     try:

@@ -2,7 +2,8 @@
 ``docker run --device nvidia.com/gpu=…``.
 
 Docker never reaches NRI (it is no CRI client): dockerd injects from
-``nri-gpu cdi generate``'s spec itself and runc runs our ``createContainer`` hook.
+``nri-gpu cdi generate``'s spec itself and runc runs our ``createContainer`` hook
+(the compiled ``nri-gpu-hook``).
 CDI is on by default from 28.2; 25.0 to 28.1 need ``"features": {"cdi": true}``,
 which the test bed sets for 26.1.5, and test_cdi_without_the_features_key checks
 both sides of that line. dockerd runs from the test bed (tests/testbed/docker.py)
@@ -57,7 +58,7 @@ from .cdi_runtime_cases import (  # noqa: F401  (the shared tests, collected her
     test_unknown_device_refused,
 )
 from .cdi_runtime_cases import run_view as _run_view
-from .conftest import NRI_GPU, _cannot_run, _preflight
+from .conftest import NRI_GPU, NRI_GPU_HOOK, _cannot_run, _preflight
 
 
 def _started(workdir: Path, version: str, **options: Any) -> Docker:
@@ -148,7 +149,7 @@ def _setup(docker: Docker, node: SimNode, command: str, spec: Path) -> subproces
     env = {**docker.env(), "PATH": f"{docker.bin.docker.parent}:{docker.env()['PATH']}"}
     argv = [NRI_GPU, command, "--runtime", "docker", "--config", str(docker.config), "--cdi-spec", str(spec)]
     if command == "install":
-        argv += [*node.flags(), "--hook-path", NRI_GPU, "--allow-untrusted-hook", "--no-unit"]
+        argv += [*node.flags(), "--hook-path", NRI_GPU_HOOK, "--allow-untrusted-hook", "--no-unit"]
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
 
 

@@ -1,7 +1,7 @@
 """Hostile images as GPU pods: the container-escape CVEs of the NVIDIA container toolkit,
 replayed against ``nri-gpu run`` on real containerd 1.7.24 and 2.1.9, and against
-the CDI path (containerd's CDI support running ``nri-gpu hook start-container``
-before ``pivot_root``, where the host's files are still in reach).
+the CDI path (containerd's CDI support running the compiled hook, ``nri-gpu-hook
+start-container``, before ``pivot_root``, where the host's files are still in reach).
 
 Each image (tests/testbed/hostile.py) points a link at a HOST "bait" tree under
 ``/tmp/nri-gpu-bait``, which every test re-creates with a fresh random token and
@@ -15,7 +15,8 @@ or deleted. The outcome for the container itself is either
   root: ``/proc/driver/nvidia/gpus`` shows the one GPU, ``ldconfig -p`` lists
   ``libcuda.so.1``; no host bait is visible inside (no token, no bait mount); or
 * creation or start FAILS with a message that names the path or the problem (a link),
-  not a traceback; the plugin keeps running.
+  not a traceback (the plugin's, in Python) or a panic (the compiled hook's); the
+  plugin keeps running.
 
 Cases where refusing would be a regression (the link is nothing the plugin needs) must
 run: ``ldcache`` (ldconfig replaces the link), ``compat``, ``preload`` and ``soname``.
@@ -286,7 +287,7 @@ def assert_no_bait_inside(cri: CriClient, cid: str, bait: Bait) -> None:
 def assert_clear_refusal(outcome: Outcome, names: tuple[str, ...]) -> None:
     assert outcome.error is not None
     text = outcome.error.details
-    assert "Traceback" not in text and 'File "' not in text, text
+    assert "Traceback" not in text and 'File "' not in text and "panicked" not in text, text
     lowered = text.lower()
     assert any(n in text for n in names) or any(w in lowered for w in PROBLEM_WORDS), (
         f"the refusal names neither {names} nor the problem: {text}"

@@ -3,7 +3,7 @@
 
 podman never reaches NRI: it injects from ``nri-gpu cdi generate``'s spec itself
 (CDI library 0.5.x: ``cdiVersion`` up to 0.5.0, unknown fields refused) and runc
-runs our ``createContainer`` hook. podman runs from the test bed
+runs our ``createContainer`` hook (the compiled ``nri-gpu-hook``). podman runs from the test bed
 (tests/testbed/podman.py) with a private root and configuration, runc 1.1.5,
 ``cgroupfs``, ``--network none`` and explicit ulimits.
 
@@ -53,7 +53,7 @@ from .cdi_runtime_cases import (  # noqa: F401  (the shared tests, collected her
     test_unknown_device_refused,
 )
 from .cdi_runtime_cases import run_view as _run_view
-from .conftest import NRI_GPU, _cannot_run, _preflight
+from .conftest import NRI_GPU, NRI_GPU_HOOK, _cannot_run, _preflight
 
 
 @pytest.fixture(scope="module", params=VERSIONS, ids=[f"podman-{v.rpartition('.')[0]}" for v in VERSIONS])
@@ -130,7 +130,7 @@ def test_install_for_podman_writes_the_spec_podman_reads(
         str(spec_path),
         *node.flags(),
         "--hook-path",
-        NRI_GPU,
+        NRI_GPU_HOOK,
         "--allow-untrusted-hook",
         "--no-unit",
     ]

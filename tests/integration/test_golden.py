@@ -14,11 +14,11 @@ import pytest
 
 from engine.cdi import cdi_spec
 from engine.errors import EngineError
-from engine.model import DEFAULT_CAPABILITIES
+from engine.model import DEFAULT_CAPABILITIES, Capability
 from engine.report import inventory_to_dict, plan_to_dict
 from tests.unit.engine import golden
 from tests.unit.engine.test_cdi import GOLDEN as CDI_GOLDEN
-from tests.unit.engine.test_cdi import HOOK, _node
+from tests.unit.engine.test_cdi import HOOK, _node, assert_the_hook_takes_its_work
 from tests.unit.engine.test_plan import GOLDEN, Node, _normalize
 from tests.unit.engine.test_plan_fabric import ALL_FEATURES
 
@@ -96,3 +96,14 @@ def test_cdi_golden_spec(tmp_path: Path) -> None:
     text = json.dumps(cdi_spec(inventory, config, DEFAULT_CAPABILITIES, HOOK), indent=2, sort_keys=True)
     result = json.loads(text.replace(str(sim.root), "<ROOT>"))
     golden.check(CDI_GOLDEN, result)
+
+
+def test_the_largest_spec_is_one_argument_the_compiled_hook_takes(tmp_path: Path) -> None:
+    """NVIDIA's files for every capability on 8 GPUs with MIG instances: the hook's work
+    (every library's link and cache entry) is one argument, which the kernel bounds
+    at 128 KiB and the hook reads whole."""
+    _, config, inventory = _node(tmp_path / "node", gpus=8, real=True, mig={0: [(1, [0, 1, 2]), (2, [0])]})
+    spec = cdi_spec(inventory, config, frozenset(Capability), HOOK)
+    work = spec["containerEdits"]["hooks"][0]["args"][-1]
+    assert len(json.loads(work)["ld_cache_entries"]) > 40 and len(work.encode()) < 32 << 10
+    assert_the_hook_takes_its_work(spec, tmp_path)

@@ -215,8 +215,12 @@ def test_a_cdi_spec_with_graphics_gives_each_gpu_its_drm_nodes(four: Node) -> No
     from engine.cdi import cdi_spec, hook_command
     from engine.model import DEFAULT_CAPABILITIES
 
+    hook = hook_command("/usr/bin/nri-gpu-hook")
+    works: list[dict[str, Any]] = []
+
     def nodes(caps: frozenset[C]) -> dict[str, list[str]]:
-        spec = cdi_spec(four.inventory, four.config, caps, hook_command("/usr/bin/nri-gpu", four.config, caps))
+        spec = cdi_spec(four.inventory, four.config, caps, hook)
+        works.append(json.loads(spec["containerEdits"]["hooks"][0]["args"][-1]))
         return {d["name"]: [n["path"] for n in d["containerEdits"].get("deviceNodes", [])] for d in spec["devices"]}
 
     graphics = nodes(frozenset({C.GRAPHICS, C.COMPUTE}))
@@ -226,6 +230,10 @@ def test_a_cdi_spec_with_graphics_gives_each_gpu_its_drm_nodes(four: Node) -> No
         p for i in range(4) for p, _, _ in sim_drm(four.sim, i)
     ]
     assert not any(p.startswith("/dev/dri/") for paths in nodes(DEFAULT_CAPABILITIES).values() for p in paths)
+    # The hook writes the application profile of a container's GPUs with graphics only;
+    # it tells a GPU by the minor its device carries, as the spec names it.
+    assert [w["graphics"] for w in works] == [True, False]
+    assert works[0]["gpus"] == [[g.minor, g.bus_id] for g in sorted(four.inventory.gpus, key=lambda g: g.index)]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown of the simulated node needs root")
@@ -247,7 +255,7 @@ def test_drm_nodes_keep_the_host_nodes_group_in_the_container_and_the_cdi_spec(t
     assert sorted(owners.values()) == [(0, 44), (0, 109)]
     adjusted = {d.path: d.gid.value for d in to_adjustment(plan, api.Container()).linux.devices}
     assert {path: adjusted[path] for path in owners} == {path: gid for path, (_, gid) in owners.items()}
-    hook = hook_command("/usr/bin/nri-gpu", node.config, frozenset({C.GRAPHICS}))
+    hook = hook_command("/usr/bin/nri-gpu-hook")
     spec = cdi_spec(node.inventory, node.config, frozenset({C.GRAPHICS}), hook)
     gids = {d["path"]: d.get("gid") for dev in spec["devices"] for d in dev["containerEdits"].get("deviceNodes", [])}
     assert {path: gids[path] for path in owners} == {path: gid for path, (_, gid) in owners.items()}

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
-import json
 import mmap
 import os
 import select
@@ -1133,6 +1132,7 @@ def test_a_fifo_among_the_images_conf_files_costs_the_rebuild_its_deadline_only(
 # later, following links. Whatever happened in between (root's folder gone and a local
 # user's `ln -s / /tmp/nvidia-mps` there at runc's bind, then put back), the start work
 # must find in the container exactly the inode the host path holds now, still root's alone.
+# (The CDI hook's same check, on the compiled hook: tests/integration/test_hook.py.)
 
 MPS, PERSISTENCED = "/tmp/nvidia-mps", "/run/nvidia-persistenced/socket"
 
@@ -1225,52 +1225,3 @@ def test_an_ipc_endpoint_swapped_after_create_fails_the_start(
         run_start(c.pid, with_ipc(work, ipc_host))
     assert caught.value.step == "IPC endpoints"
     assert f"IPC endpoint {MPS}" in str(caught.value) and why in str(caught.value), str(caught.value)
-
-
-def _in_bundle(rootfs: Path, work: StartWork, binds: list[tuple[str, str]]) -> tuple[list[str], str | None, str]:
-    """``perform_in_bundle`` as the CDI hook runs it (the container's mounts under
-    ``rootfs``, the host's paths still visible), in a child with a private mount
-    namespace: (steps begun, the failed step or None, its message)."""
-    r, w = os.pipe()
-    child = os.fork()
-    if child == 0:
-        os.close(r)
-        outcome: dict[str, object] = {"steps": [], "step": None, "error": ""}
-        try:
-            syscalls.unshare(syscalls.CLONE_NEWNS)
-            subprocess.run(["mount", "--make-rprivate", "/"], check=True)
-            for source, destination in binds:
-                subprocess.run(["mount", "--bind", source, str(rootfs) + destination], check=True)
-            steps: list[str] = outcome["steps"]  # type: ignore[assignment]
-            actions.perform_in_bundle(
-                str(rootfs), work, ldconfig_path="/sbin/ldconfig", deadline=time.monotonic() + 5, on_step=steps.append
-            )
-        except actions.StepFailed as exc:
-            outcome.update(step=exc.step, error=str(exc))
-        except BaseException:
-            outcome.update(step="?", error=traceback.format_exc())
-        os.write(w, json.dumps(outcome).encode())
-        os._exit(0)
-    os.close(w)
-    with os.fdopen(r, "rb") as f:
-        data = f.read()
-    os.waitpid(child, 0)
-    result = json.loads(data)
-    return result["steps"], result["step"], result["error"]
-
-
-def test_the_cdi_hook_refuses_an_ipc_mount_that_is_not_the_hosts_entry(work: StartWork, ipc_host: Path) -> None:
-    rootfs = ipc_host.parent / "rootfs"
-    (rootfs / MPS.lstrip("/")).mkdir(parents=True)
-    (rootfs / "run/nvidia-persistenced").mkdir(parents=True)
-    (rootfs / PERSISTENCED.lstrip("/")).touch()
-    bare = dataclasses.replace(
-        with_ipc(work, ipc_host), visible_bus_ids=(), symlinks=(), ldconfig_folders=(), ld_cache_entries=()
-    )
-    real = [(str(ipc_host / p.lstrip("/")), p) for p in (MPS, PERSISTENCED)]
-    steps, failed, _ = _in_bundle(rootfs, bare, real)
-    assert "root copy" in steps and failed != "IPC endpoints"
-    swapped = [(str(ipc_host / "decoy"), MPS), real[1]]  # runc followed a link; root's folder is back
-    steps, failed, error = _in_bundle(rootfs, bare, swapped)
-    assert failed == "IPC endpoints" and "root copy" not in steps
-    assert f"IPC endpoint {MPS}: the container's mount is not" in error, error

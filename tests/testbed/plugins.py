@@ -20,8 +20,10 @@ from plugin.stub import Stub
 ROOT = Path(__file__).resolve().parents[2]  # the checkout: where `python -m plugin` runs
 
 
-# This checkout's nri-gpu (beside the running interpreter): what a CDI spec's hook runs.
+# This checkout's nri-gpu (beside the running interpreter): what writes a CDI spec.
 NRI_GPU = str(Path(sys.executable).with_name("nri-gpu"))
+# The compiled CDI hook hack/setup installs beside it: what that spec's hook runs.
+NRI_GPU_HOOK = str(Path(sys.executable).with_name("nri-gpu-hook"))
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:

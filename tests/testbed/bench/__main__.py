@@ -123,7 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--hook-baseline",
         metavar="REV",
-        help="CDI part: also run the hook alone as git revision REV installs it, interleaved with this checkout's",
+        help="CDI part: also run the hook of the spec git revision REV writes (installed as the README does), "
+        "alone and through each engine, interleaved with this checkout's",
     )
     p.add_argument("--keep-workdir", action="store_true", help="keep the daemons' workdir and the plugin logs")
     return p

@@ -1,45 +1,48 @@
 """What the CDI path costs a container: ``run --rm`` through podman and Docker, and the hook alone.
 
 podman and Docker never reach NRI: they inject from ``nri-gpu cdi generate``'s
-spec and runc runs its ``createContainer`` hook, which the start waits for. So
-the cost of a GPU is the whole ``run --rm`` of a container with ``--device
-nvidia.com/gpu=0`` against the same run without it, measured side by side:
+spec and runc runs its ``createContainer`` hook, the compiled ``nri-gpu-hook``,
+which the start waits for. So the cost of a GPU is the whole ``run --rm`` of a
+container with ``--device nvidia.com/gpu=0`` against the same run without it,
+measured side by side:
 
 * the engines come from the test bed (``tests.testbed.podman``,
   ``tests.testbed.docker``), each where it can be set up here (a reason is
   recorded for one that cannot), with the glibc image and ``true``;
-* the hook is installed as the README installs it (``pip install`` of this
+* nri-gpu is installed as the README installs it (``pip install`` of this
   checkout and its dependencies into a fresh venv: files copied, ``.pyc``
-  compiled), not the checkout's editable install, and the spec names it;
+  compiled, the hook built by cargo beside ``nri-gpu``), not the checkout's
+  editable install, and that install's ``cdi generate`` writes the spec, which
+  names its hook;
 * every round runs each (engine, variant) once, plus the hook alone, in a
   shuffled order, so that other work on the machine falls on every variant
   alike;
 * a third variant, ``gpu, no-op hook``, asks for ``nri-gpu-bench.example/gpu=0``:
   the same spec under another kind, whose hook is ``/bin/true``. It splits the
   GPU's cost into the engine's (CDI injection, device nodes, mounts, running a
-  hook at all) and our hook's own. A fourth, ``gpu, Python floor hook``
-  (``nri-gpu-floor.example/gpu=0``), runs as the hook our hook's interpreter
-  importing only what any Python start work needs (``FLOOR_IMPORTS``) and doing
-  nothing: what the least Python hook would cost;
-* **the hook alone**: the spec's hook command (path, argv, its env only, the OCI
-  state on stdin) on a bundle whose ``linux.devices`` hold GPU 0 and the
-  control nodes, the whole start work done (procfs view, links, ld.so.conf and
-  cache) in a fresh glibc root. Each run starts in a private mount namespace
-  where the root is an overlay, as containerd's and podman's snapshotters make
-  it: the glibc tree below, an empty upper folder of its own above (a copy of the
-  tree made just before would be no container's root: creating entries in a
-  folder that was just written costs ext4 ~0.6 ms each, 10 ms for the links),
-  and the node's procfs bound at its ``/proc`` (runc gives a hook the
-  container's namespaces); the same start with ``/bin/true``
-  is measured beside it, so ``hook - /bin/true`` is the hook's own time. Two
-  more commands split that time: the hook's interpreter (its ``#!`` line, with
-  ``site`` as the script gets it) running nothing, and the same interpreter
-  importing exactly the modules the hook's process holds at its end (listed by
-  one run of the hook beforehand), in the order it imported them. So:
-  interpreter - /bin/true is Python's start and exit, imports - interpreter the
-  imports, hook - imports the work (arguments, discovery, plan, start work).
-  With ``baseline`` (``--hook-baseline REV``), the hook as git revision REV
-  installs it runs too, interleaved: a before/after on one machine state.
+  hook at all) and our hook's own;
+* **the hook alone**: the spec's hook command (path, argv with its ``--work``, its
+  env only, the OCI state on stdin, runc's working directory: the bundle) on a
+  bundle whose ``linux.devices`` hold GPU 0 and the control nodes, the whole
+  start work done (procfs view, links, ld.so.conf and cache) in a fresh glibc
+  root. Each run starts in a private mount namespace where the root is an
+  overlay, as containerd's and podman's snapshotters make it: the glibc tree
+  below, an empty upper folder of its own above (a copy of the tree made just
+  before would be no container's root: creating entries in a folder that was
+  just written costs ext4 ~0.6 ms each, 10 ms for the links), and the node's
+  procfs bound at its ``/proc`` (runc gives a hook the container's namespaces);
+  ``/bin/true`` is started the same way beside it, so ``hook - /bin/true`` is
+  the hook's own time (a compiled hook has no interpreter start or imports to
+  split it into).
+
+With ``baseline`` (``--hook-baseline REV``), git revision REV is installed the
+same way and its own ``cdi generate`` writes its spec, whose hook runs too,
+interleaved: alone on the same bundle, and through each engine as a fourth
+variant, ``gpu, baseline hook`` (``nri-gpu-baseline.example/gpu=0``: this spec
+under another kind with the baseline spec's hook, its argv and env as that spec
+has them). A revision before the compiled hook names ``nri-gpu hook
+start-container`` (Python), a later one its ``nri-gpu-hook``: a before/after on
+one machine state either way.
 
 The target (issue 15): a GPU container's ``run --rm`` p50 at most 30 ms over a
 plain one, through each engine.
@@ -59,53 +62,46 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from plugin.hook_install import interpreter
 from tests.testbed import debs, images, rust_toolchain
 from tests.testbed.bundle import busybox_rootfs
 from tests.testbed.docker import Docker, DockerError
 from tests.testbed.gpunode import SimNode
 from tests.testbed.images import GLIBC
 from tests.testbed.plugin_image import _wheels as dependency_wheels
-from tests.testbed.plugins import NRI_GPU
 from tests.testbed.podman import Podman, SpecFolderTaken, shared_spec_path
 
 from .stats import percentile
 
-__all__ = ["HookAlone", "extra_specs", "generate_spec", "install_hook", "measure_cdi", "series"]
+__all__ = [
+    "HookAlone",
+    "HookRun",
+    "Specs",
+    "extra_specs",
+    "generate_spec",
+    "install_nri_gpu",
+    "measure_cdi",
+    "series",
+    "spec_hook",
+]
 
 NOOP_KIND = "nri-gpu-bench.example/gpu"
-FLOOR_KIND = "nri-gpu-floor.example/gpu"
-# The standard library a Python hook doing the start work cannot do without.
-FLOOR_IMPORTS = "import json, os, ctypes, struct, signal, stat, errno"
-# The hook alone and the commands that split its time (HookAlone.commands).
-HOOK_PARTS = ("/bin/true", "interpreter", "imports", "hook")
-_BASELINE = "hook at the baseline revision"  # measure_cdi(baseline=REV)
-# Run by the hook's interpreter in place of its script: the hook, then the modules it holds.
-_LIST_MODULES = """
-import json, sys
-from plugin.entry import main
-sys.argv[0] = "nri-gpu"
-status = main()
-print(json.dumps(list(sys.modules)))
-sys.exit(status)
-"""
-_IMPORT_MODULES = """
-import importlib, json, sys
-for name in json.loads(sys.argv[1]):
-    if name not in sys.modules:
-        importlib.import_module(name)
-"""
+BASELINE_KIND = "nri-gpu-baseline.example/gpu"
+# The variants every engine runs (options of ``run --rm``); BASELINE_VARIANT too with a baseline.
 VARIANTS = {
     "plain": [],
     "gpu": ["--device", "nvidia.com/gpu=0"],
     "gpu, no-op hook": ["--device", f"{NOOP_KIND}=0"],
-    "gpu, Python floor hook": ["--device", f"{FLOOR_KIND}=0"],
 }
-# The specs generate_spec writes beside the real one, by kind: the file's suffix.
-_EXTRA_SPECS = {NOOP_KIND: "noop", FLOOR_KIND: "floor"}
+BASELINE_VARIANT = "gpu, baseline hook"
+_BASELINE_OPTIONS = ["--device", f"{BASELINE_KIND}=0"]
+# What runs alone on the bundle (HookAlone): the reference, the hook, and with a baseline its hook.
+TRUE, HOOK, BASELINE = "/bin/true", "hook", "baseline hook"
+# The specs written beside the real one, by kind: the file's suffix.
+_EXTRA_SPECS = {NOOP_KIND: "noop", BASELINE_KIND: "baseline"}
 _MS_REC = 1 << 14
 _MS_BIND = 1 << 12
 _MS_PRIVATE = 1 << 18
@@ -124,12 +120,17 @@ def series(values: list[float]) -> dict[str, float | int]:
     }
 
 
+def _over(values: list[float], reference: list[float]) -> dict[str, float]:
+    """``values`` over ``reference`` at p50 and p90 (differences of percentiles, ms)."""
+    return {f"p{q}": round(percentile(values, q) - percentile(reference, q), 2) for q in (50, 90)}
+
+
 _CHECKOUT = Path(__file__).resolve().parents[3]
 # What pip builds the package from (hook/: the compiled hook, from a revision that has it).
 _INSTALLED = ("pyproject.toml", "README.md", "engine", "plugin", "hook")
 
 
-def install_hook(workdir: Path, source: Path = _CHECKOUT) -> Path:
+def install_nri_gpu(workdir: Path, source: Path = _CHECKOUT) -> Path:
     """``pip install`` of ``source`` (default this checkout) with its dependencies
     (the plugin image's pinned wheels) into a fresh venv: the README's install, a
     copy with compiled ``.pyc`` and no editable finder, ``nri-gpu-hook`` beside
@@ -161,8 +162,8 @@ def install_hook(workdir: Path, source: Path = _CHECKOUT) -> Path:
 
 
 def revision_tree(rev: str, out: Path) -> Path:
-    """What ``install_hook`` needs, as git revision ``rev`` of this checkout has it, in ``out``
-    (without hook/ where ``rev`` predates it)."""
+    """What ``install_nri_gpu`` needs, as git revision ``rev`` of this checkout has it, in
+    ``out`` (without hook/ where ``rev`` predates it)."""
     listed = subprocess.run(
         ["git", "-C", str(_CHECKOUT), "ls-tree", "--name-only", rev, *_INSTALLED], capture_output=True, check=False
     )
@@ -176,54 +177,77 @@ def revision_tree(rev: str, out: Path) -> Path:
     return out
 
 
-def generate_spec(node: SimNode, hook: Path, output: Path) -> dict[str, Any]:
-    """``nri-gpu cdi generate`` for ``node`` naming ``hook`` into ``output``, and
-    beside it (``extra_specs``) the same spec as kind NOOP_KIND with the hook
-    ``/bin/true`` and as FLOOR_KIND with the hook's interpreter running
-    FLOOR_IMPORTS; the spec."""
+@dataclass(frozen=True)
+class HookRun:
+    """One command as runc runs a hook: its executable, its argv (argv[0] included)
+    and the whole of its environment."""
+
+    path: str
+    args: list[str]
+    env: dict[str, str]
+
+    def shown(self) -> list[str]:
+        """The argv as reported: the work description's JSON (one long word) named by its size."""
+        return [a if not a.startswith("{") else f"<{len(a)} bytes of JSON>" for a in self.args]
+
+
+def spec_hook(spec: dict[str, Any]) -> HookRun:
+    """The ``createContainer`` hook a spec of ``cdi generate`` names (it names one)."""
+    (hook,) = spec["containerEdits"]["hooks"]
+    return HookRun(hook["path"], list(hook["args"]), dict(e.split("=", 1) for e in hook.get("env", [])))
+
+
+@dataclass(frozen=True)
+class Specs:
+    """The spec of this checkout's install and, with a baseline, the spec its install writes."""
+
+    spec: dict[str, Any]
+    baseline: dict[str, Any] | None = None
+
+
+def generate_spec(nri_gpu: Path, node: SimNode, output: Path) -> dict[str, Any]:
+    """``nri-gpu cdi generate`` of the install ``nri_gpu`` for ``node`` into ``output``:
+    its spec, naming the hook that install has by default (``nri-gpu-hook`` beside it,
+    or ``nri-gpu hook`` itself before the compiled hook)."""
     done = subprocess.run(
-        [
-            NRI_GPU,
-            "cdi",
-            "generate",
-            *node.flags(),
-            "--output",
-            str(output),
-            "--hook-path",
-            str(hook),
-            "--allow-untrusted-hook",
-        ],
+        [str(nri_gpu), "cdi", "generate", *node.flags(), "--output", str(output), "--allow-untrusted-hook"],
         capture_output=True,
         text=True,
         check=False,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"nri-gpu cdi generate failed: {done.stderr}")
+        raise RuntimeError(f"{nri_gpu} cdi generate failed: {done.stderr}")
     spec: dict[str, Any] = json.loads(output.read_text())
-    python = interpreter(str(hook)) or sys.executable
-    hooks = {NOOP_KIND: ["/bin/true", "true"], FLOOR_KIND: [python, python, "-c", FLOOR_IMPORTS]}
-    for kind, path in extra_specs(output).items():
-        other = json.loads(output.read_text())
-        other["kind"] = kind
-        (hook_edit,) = other["containerEdits"]["hooks"]
-        hook_edit.update(path=hooks[kind][0], args=hooks[kind][1:])
-        path.write_text(json.dumps(other, indent=2))
     return spec
 
 
+def write_specs(specs: Specs, output: Path) -> None:
+    """``specs.spec`` at ``output`` and beside it (``extra_specs``) the same spec as kind
+    NOOP_KIND with the hook ``/bin/true`` and, with a baseline, as BASELINE_KIND with
+    the baseline spec's hook."""
+    output.write_text(json.dumps(specs.spec, indent=2))
+    hooks: dict[str, dict[str, Any]] = {NOOP_KIND: {"path": "/bin/true", "args": ["true"]}}
+    if specs.baseline is not None:
+        (hooks[BASELINE_KIND],) = specs.baseline["containerEdits"]["hooks"]
+    for kind, path in extra_specs(output).items():
+        if kind not in hooks:
+            continue
+        other = json.loads(json.dumps(specs.spec))
+        other["kind"] = kind
+        (hook_edit,) = other["containerEdits"]["hooks"]
+        hook_edit.update({k: v for k, v in hooks[kind].items() if k != "hookName"})
+        path.write_text(json.dumps(other, indent=2))
+
+
 def extra_specs(output: Path) -> dict[str, Path]:
-    """Where generate_spec writes the specs of the other kinds, beside ``output``."""
+    """Where write_specs writes the specs of the other kinds, beside ``output``."""
     return {kind: output.with_name(f"{output.stem}-{suffix}.json") for kind, suffix in _EXTRA_SPECS.items()}
 
 
 class HookAlone:
-    """The spec's hook run as runc runs it, on a bundle of its own (see the module docstring)."""
+    """Hooks run as runc runs them, on a bundle of their own (see the module docstring)."""
 
     def __init__(self, spec: dict[str, Any], node: SimNode, workdir: Path) -> None:
-        (hook,) = spec["containerEdits"]["hooks"]
-        self.argv: list[str] = hook["args"]
-        self.path: str = hook["path"]
-        self.env = dict(e.split("=", 1) for e in hook["env"])
         self.bundle = workdir / "bundle"
         self.root = self.bundle / "rootfs"
         self.upper, self.work = workdir / "upper", workdir / "overlay-work"
@@ -257,21 +281,6 @@ class HookAlone:
             {"ociVersion": "1.0.2", "id": "bench", "status": "creating", "bundle": str(self.bundle)}
         ).encode()
 
-    def commands(self) -> dict[str, list[str] | None]:
-        """HOOK_PARTS: the argv of each (None: the hook itself)."""
-        python = interpreter(self.path)
-        if not python:
-            raise RuntimeError(f"{self.path} is not a Python script")
-        self.reset()
-        listed = self._run([python, "-c", _LIST_MODULES, *self.argv[1:]], python)
-        modules = [m for m in json.loads(listed) if m != "__main__"]
-        return {
-            "/bin/true": ["/bin/true"],
-            "interpreter": [python, "-c", "pass"],
-            "imports": [python, "-c", _IMPORT_MODULES, json.dumps(modules)],
-            "hook": None,
-        }
-
     def reset(self) -> None:
         """A root as the image gives it: empty upper and work folders for the next run's overlay."""
         for folder in (self.upper, self.work):
@@ -293,27 +302,25 @@ class HookAlone:
         if libc.mount(self.proc.encode(), str(self.root / "proc").encode(), None, _MS_BIND, None) != 0:
             raise OSError(ctypes.get_errno(), "mount --bind procfs")
 
-    def run(self, argv: list[str] | None = None) -> float:
-        """ms from the start of the child to its exit: the hook, or ``argv`` in its place."""
+    def run(self, hook: HookRun) -> float:
+        """ms from the start of the child to its exit, on a fresh root. Raises
+        RuntimeError if it fails."""
+        self.reset()
         began = time.perf_counter()
-        self._run(argv or self.argv, None if argv else self.path)
-        return (time.perf_counter() - began) * 1000
-
-    def _run(self, command: list[str], executable: str | None) -> str:
-        """``command`` as the hook runs; its stdout. Raises RuntimeError if it fails."""
         done = subprocess.run(
-            command,
-            executable=executable,
+            hook.args,
+            executable=hook.path,
             input=self.state,
-            env=self.env,
+            env=hook.env,
             capture_output=True,
             preexec_fn=self._enter,
-            cwd="/",
+            cwd=self.bundle,
             check=False,
         )
+        took = (time.perf_counter() - began) * 1000
         if done.returncode != 0:
-            raise RuntimeError(f"{command[0]} exited {done.returncode}: {done.stderr.decode(errors='replace')}")
-        return done.stdout.decode()
+            raise RuntimeError(f"{hook.path} exited {done.returncode}: {done.stderr.decode(errors='replace')}")
+        return took
 
 
 def _timed(run: Callable[..., subprocess.CompletedProcess[str]], options: list[str]) -> float:
@@ -327,8 +334,7 @@ def _timed(run: Callable[..., subprocess.CompletedProcess[str]], options: list[s
 
 @contextlib.contextmanager
 def _engines(
-    node: SimNode,
-    hook: Path,
+    specs: Specs,
     workdir: Path,
     versions: dict[str, list[str]],
     say: Callable[[str], None],
@@ -349,8 +355,8 @@ def _engines(
                 spec = stack.enter_context(shared_spec_path("bench-"))
                 for extra in extra_specs(spec).values():
                     stack.callback(extra.unlink, missing_ok=True)
-                generate_spec(node, hook, spec)
-            except (SpecFolderTaken, RuntimeError, OSError) as exc:
+                write_specs(specs, spec)
+            except (SpecFolderTaken, OSError) as exc:
                 for version in versions["podman"]:
                     failed(f"podman {version}", exc)
                 versions = {**versions, "podman": []}
@@ -368,7 +374,7 @@ def _engines(
                 docker.start()
                 stack.callback(docker.stop)
                 docker.load(images.glibc_image())
-                generate_spec(node, hook, docker.cdi_dir / "nri-gpu.json")
+                write_specs(specs, docker.cdi_dir / "nri-gpu.json")
                 runners[f"docker {version}"] = docker.run
             except (debs.DebError, DockerError, RuntimeError, OSError) as exc:
                 failed(f"docker {version}", exc)
@@ -387,64 +393,79 @@ def measure_cdi(
 ) -> dict[str, Any]:
     """Every CDI measurement, ``runs`` rounds, through the podman and Docker ``versions``
     (``{"podman": [...], "docker": [...]}``); the results document's ``cdi`` part.
-    ``baseline``: a git revision whose hook runs alone too, interleaved with this
-    checkout's (same spec arguments): a before/after on one machine state."""
+    ``baseline``: a git revision whose hook runs too, alone and through each engine,
+    interleaved with this checkout's: a before/after on one machine state."""
     workdir.mkdir(parents=True, exist_ok=True)
-    say("CDI: installing the hook (pip install of the checkout into a fresh venv)")
-    hook = install_hook(workdir / "install")
-    alone = HookAlone(generate_spec(node, hook, workdir / "spec.json"), node, workdir)
-    parts: dict[str, list[str] | None] = alone.commands()
+    say("CDI: installing nri-gpu and its hook (pip install of the checkout into a fresh venv)")
+    specs = Specs(generate_spec(install_nri_gpu(workdir / "install"), node, workdir / "spec.json"))
     if baseline:
-        say(f"CDI: installing the hook of {baseline}")
-        old = install_hook(workdir / "baseline", revision_tree(baseline, workdir / "baseline-tree"))
-        parts[_BASELINE] = [str(old), *alone.argv[1:]]
+        say(f"CDI: installing nri-gpu as {baseline} has it")
+        old = install_nri_gpu(workdir / "baseline", revision_tree(baseline, workdir / "baseline-tree"))
+        specs = Specs(specs.spec, generate_spec(old, node, workdir / "baseline-spec.json"))
+    alone = HookAlone(specs.spec, node, workdir)
+    hook = spec_hook(specs.spec)
+    parts = {TRUE: HookRun(TRUE, [TRUE], hook.env), HOOK: hook}
+    if specs.baseline is not None:
+        parts[BASELINE] = spec_hook(specs.baseline)
+    for part in parts.values():  # each works, before any is timed (and the page cache holds it)
+        alone.run(part)
+    variants = {**VARIANTS, **({BASELINE_VARIANT: _BASELINE_OPTIONS} if baseline else {})}
     times: dict[tuple[str, str], list[float]] = {}
-    with _engines(node, hook, workdir, versions, say) as (runners, skipped):
+    with _engines(specs, workdir, versions, say) as (runners, skipped):
         say(f"CDI: {runs} rounds of run --rm, plain and with a GPU, through {', '.join(runners) or 'no engine'}")
         for _ in range(runs):
-            steps: list[tuple[str, str]] = [(e, v) for e in runners for v in VARIANTS]
+            steps: list[tuple[str, str]] = [(e, v) for e in runners for v in variants]
             steps += [("hook alone", part) for part in parts]
             rng.shuffle(steps)
             for engine, variant in steps:
                 if engine == "hook alone":
-                    alone.reset()
                     took = alone.run(parts[variant])
                 else:
-                    took = _timed(runners[engine], VARIANTS[variant])
+                    took = _timed(runners[engine], variants[variant])
                 times.setdefault((engine, variant), []).append(took)
     engines: dict[str, dict[str, Any]] = {}
     for engine in runners:
-        plain, gpu, noop, floor = (times[engine, v] for v in VARIANTS)
+        plain = times[engine, "plain"]
+        over = {v: _over(times[engine, v], plain) for v in variants if v != "plain"}
         engines[engine] = {
-            **{v: series(times[engine, v]) for v in VARIANTS},
-            "over_p50": round(percentile(gpu, 50) - percentile(plain, 50), 2),
-            "over_p90": round(percentile(gpu, 90) - percentile(plain, 90), 2),
+            **{v: series(times[engine, v]) for v in variants},
+            "over_p50": over["gpu"]["p50"],
+            "over_p90": over["gpu"]["p90"],
             # The GPU's cost without our hook's own: the engine's injection and a hook run.
-            "noop_hook_over_p50": round(percentile(noop, 50) - percentile(plain, 50), 2),
-            # The least a Python hook costs (the engine's share included).
-            "floor_hook_over_p50": round(percentile(floor, 50) - percentile(plain, 50), 2),
+            "noop_hook_over_p50": over["gpu, no-op hook"]["p50"],
+            "noop_hook_over_p90": over["gpu, no-op hook"]["p90"],
+            **(
+                {"baseline_over_p50": over[BASELINE_VARIANT]["p50"], "baseline_over_p90": over[BASELINE_VARIANT]["p90"]}
+                if baseline
+                else {}
+            ),
         }
-    p50 = {part: percentile(times["hook alone", part], 50) for part in parts}
-    compared = {}
-    if baseline:
+    own = _over(times["hook alone", HOOK], times["hook alone", TRUE])
+    compared: dict[str, Any] = {}
+    if specs.baseline is not None:
+        base_own = _over(times["hook alone", BASELINE], times["hook alone", TRUE])
         compared = {
-            "baseline": {"rev": baseline, **series(times["hook alone", _BASELINE])},
-            "baseline_over_p50": round(p50[_BASELINE] - p50["hook"], 2),
+            "baseline": {
+                "rev": baseline,
+                # Its executable's name and action: ``nri-gpu hook start-container`` for a Python hook.
+                "command": [Path(parts[BASELINE].path).name, *parts[BASELINE].shown()[1:3]],
+                **series(times["hook alone", BASELINE]),
+                "own_p50": base_own["p50"],
+                "own_p90": base_own["p90"],
+            },
+            "baseline_over_p50": round(base_own["p50"] - own["p50"], 2),
         }
     return {
         "runs": runs,
-        "hook_command": alone.argv[:3],
+        "hook_command": hook.shown(),
         "engines": engines,
         "skipped": skipped,
         "hook_alone": {
-            **{part: series(times["hook alone", part]) for part in HOOK_PARTS},
-            "over_p50": round(p50["hook"] - p50["/bin/true"], 2),
-            # Differences of p50s (see the module docstring): where the hook's own time goes.
-            "split_p50": {
-                "interpreter start and exit": round(p50["interpreter"] - p50["/bin/true"], 2),
-                "imports": round(p50["imports"] - p50["interpreter"], 2),
-                "work (arguments, discovery, plan, start work)": round(p50["hook"] - p50["imports"], 2),
-            },
+            TRUE: series(times["hook alone", TRUE]),
+            HOOK: series(times["hook alone", HOOK]),
+            # The hook's own time: over /bin/true started the same way.
+            "over_p50": own["p50"],
+            "over_p90": own["p90"],
             **compared,
         },
     }

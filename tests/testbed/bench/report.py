@@ -384,34 +384,60 @@ def mig_lines(result: dict[str, Any]) -> list[str]:
 
 def cdi_lines(result: dict[str, Any]) -> list[str]:
     """The CDI part (``tests.testbed.bench.cdi``) as text."""
+    h = result["hook_alone"]
+    base = h.get("baseline")
+    variants = ["plain", "gpu", "gpu, no-op hook", *(["gpu, baseline hook"] if base else [])]
     lines = [
         f"`run --rm IMAGE true`, plain and with `--device nvidia.com/gpu=0`, {result['runs']} rounds "
         "(each round every engine and variant once, shuffled), ms; `gpu, no-op hook`: the same spec "
-        "with `/bin/true` as its hook (the engine's share of a GPU's cost); `gpu, Python floor hook`: with "
-        "a Python that imports the least start work needs and does nothing (the least a Python hook costs):",
+        "with `/bin/true` as its hook (the engine's share of a GPU's cost)"
+        + (
+            f"; `gpu, baseline hook`: with the hook of {base['rev']}'s spec (`{' '.join(base['command'])}`)"
+            if base
+            else ""
+        )
+        + ":",
         "",
     ]
     rows = []
     for engine, r in result["engines"].items():
         plain = r["plain"]["p50"]
-        for variant in ("plain", "gpu", "gpu, no-op hook", "gpu, Python floor hook"):
+        for variant in variants:
             s = r[variant]
             over = s["p50"] - plain if variant != "plain" else None
             rows.append([engine, variant, s["n"], s["p50"], s["p90"], s["min"], s["max"], over])
     lines += [*_table(["engine", "variant", "n", "p50", "p90", "min", "max", "p50 over plain"], rows, left=2), ""]
-    h = result["hook_alone"]
+    if result["engines"]:
+        header = ["engine", "gpu over plain p50", "p90", "no-op hook over plain p50", "p90", "our hook's share p50"]
+        if base:
+            header += ["baseline hook over plain p50", "p90"]
+        rows = []
+        for engine, r in result["engines"].items():
+            row = [engine, r["over_p50"], r["over_p90"], r["noop_hook_over_p50"], r["noop_hook_over_p90"]]
+            row.append(round(r["over_p50"] - r["noop_hook_over_p50"], 2))
+            if base:
+                row += [r["baseline_over_p50"], r["baseline_over_p90"]]
+            rows.append(row)
+        lines += [
+            "What a GPU adds to `run --rm` (differences of percentiles, ms; our hook's share: gpu less no-op hook):",
+            "",
+            *_table(header, rows),
+            "",
+        ]
+    true = h["/bin/true"]
     lines.append(
         f"The hook alone (`{' '.join(result['hook_command'][1:])}` as the spec runs it, its env only, the OCI state "
-        f"on stdin, the whole start work): p50 {_f(h['hook']['p50'])} ms, p90 {_f(h['hook']['p90'])} ms "
-        f"({h['hook']['n']} runs); the same start with /bin/true p50 {_f(h['/bin/true']['p50'])} ms: "
-        f"{_f(h['over_p50'])} ms of its own: "
-        + "; ".join(f"{part} {_f(ms)}" for part, ms in h["split_p50"].items())
-        + " (differences of p50s: the hook's interpreter running nothing, then importing what the hook imports)."
+        f"on stdin, the whole start work, on a fresh overlay root): p50 {_f(h['hook']['p50'])} ms, "
+        f"p90 {_f(h['hook']['p90'])} ms ({h['hook']['n']} runs); /bin/true started the same way "
+        f"p50 {_f(true['p50'])} ms, p90 {_f(true['p90'])} ms: the hook's own time {_f(h['over_p50'])} ms at p50, "
+        f"{_f(h['over_p90'])} ms at p90."
     )
-    if base := h.get("baseline"):
+    if base:
         lines.append(
-            f"The hook installed from {base['rev']}, interleaved with it: p50 {_f(base['p50'])} ms, "
-            f"p90 {_f(base['p90'])} ms ({base['n']} runs): {_f(h['baseline_over_p50'])} ms over this checkout's at p50."
+            f"The hook of {base['rev']}'s spec (`{' '.join(base['command'])}`), interleaved with it: "
+            f"p50 {_f(base['p50'])} ms, p90 {_f(base['p90'])} ms ({base['n']} runs), its own time "
+            f"{_f(base['own_p50'])} ms at p50, {_f(base['own_p90'])} ms at p90: {_f(h['baseline_over_p50'])} ms "
+            "over this checkout's at p50."
         )
     for engine, reason in result.get("skipped", {}).items():
         lines.append(f"{engine}: not measured ({reason}).")

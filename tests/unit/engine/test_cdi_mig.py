@@ -1,9 +1,10 @@
-"""The CDI spec's MIG devices (engine.cdi) on a simulated MIG node.
+"""The CDI spec's MIG devices (engine.cdi) and its hook's work on a simulated MIG node.
 
 GPU 2 has GPU instances 2 (compute instances 0 and 1) and 3 (compute instance 0).
 NVML's snapshot is made by hand: it names the devices ``2:0``, ``2:1`` and ``2:3``
 (a gap in j, as NVML may leave) with MIG UUIDs. The toolkit's names for them,
-their nodes, ``all`` as jit-cdi makes it, and what is left out without NVML.
+their nodes, ``all`` as jit-cdi makes it, what is left out without NVML, and the
+numbers the hook's work holds to tell a MIG device from the nodes a container got.
 """
 
 from __future__ import annotations
@@ -14,10 +15,9 @@ from typing import Any
 
 import pytest
 
-from engine.cdi import cdi_spec, hook_command, named_mig_devices, spec_warnings
+from engine.cdi import cdi_spec, hook_work, named_mig_devices, spec_warnings
 from engine.config import EngineConfig
 from engine.discover import discover
-from engine.hook import gpu_request
 from engine.model import (
     DEFAULT_CAPABILITIES,
     DeviceKind,
@@ -27,10 +27,10 @@ from engine.model import (
     NvmlSnapshot,
 )
 from engine.plan import plan
-from engine.request import ByIndex, ByMigPlacement, GpuRequest, Selection
+from engine.request import ByMigPlacement, GpuRequest, Selection
 from tests.testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, SimNode, build_node, cap_minor
+from tests.unit.engine.test_cdi import HOOK, assert_the_hook_takes_its_work, spec_work
 
-HOOK = hook_command("/usr/bin/nri-gpu", EngineConfig(), DEFAULT_CAPABILITIES)
 UUIDS = {
     0: "MIG-11111111-2222-3333-4444-000000000000",
     1: "MIG-11111111-2222-3333-4444-000000000001",
@@ -125,22 +125,43 @@ def test_the_spec_equals_the_plan_for_a_mig_device(mig: tuple[SimNode, EngineCon
     assert {n["path"] for n in common} == {n.path for n in planned.devices} - {n.path for n in own}
 
 
-def test_the_hook_finds_what_the_spec_gave(mig: tuple[SimNode, EngineConfig, Inventory]) -> None:
+def test_the_work_names_each_mig_device_by_the_numbers_of_its_nodes(
+    mig: tuple[SimNode, EngineConfig, Inventory], tmp_path: Path
+) -> None:
+    """The hook tells a MIG device by its nodes in the container's ``linux.devices``:
+    its parent's minor, its GPU and compute instances' cap minors. Each device the
+    spec names carries exactly the numbers of one compute instance of the work."""
     sim, config, inventory = mig
-    named = with_nvml(inventory, snapshot(sim))
-    names = by_name(cdi_spec(named, config, DEFAULT_CAPABILITIES, HOOK))
+    spec = cdi_spec(with_nvml(inventory, snapshot(sim)), config, DEFAULT_CAPABILITIES, HOOK)
+    work = spec_work(spec)
+    m = sim.gpus[2].minor
+    assert work["caps_major"] == CAPS_MAJOR and work["nvidia_major"] == 195
+    assert work["gpu_instances"] == [
+        [m, 2, cap_minor(m, 2), [[0, cap_minor(m, 2, 0)], [1, cap_minor(m, 2, 1)]]],
+        [m, 3, cap_minor(m, 3), [[0, cap_minor(m, 3, 0)]]],
+    ]
+    instances = {
+        (gpu, gi_minor, ci_minor): (gi, ci) for gpu, gi, gi_minor, cis in work["gpu_instances"] for ci, ci_minor in cis
+    }
+    names = by_name(spec)
+    for j, place in PLACES.items():
+        parent, gi_node, ci_node = names[f"2:{j}"]
+        assert [parent["major"], gi_node["major"], ci_node["major"]] == [195, CAPS_MAJOR, CAPS_MAJOR]
+        assert instances[(parent["minor"], gi_node["minor"], ci_node["minor"])] == place
+    assert [g[0] for g in work["gpus"]] == [g.minor for g in sim.gpus]  # the parent is a GPU of the work
+    assert inventory.mig.monitor is not None and inventory.mig.config is not None
+    assert (work["monitor_minor"], work["config_minor"]) == (inventory.mig.monitor.minor, inventory.mig.config.minor)
+    assert_the_hook_takes_its_work(spec, tmp_path)
 
-    def hooked(*devices: str) -> tuple[object, ...]:
-        nodes = [n for d in devices for n in names[d]]
-        return gpu_request({"linux": {"devices": nodes}}, named, DEFAULT_CAPABILITIES).ids
 
-    uuid = "GPU-" + sim.gpus[2].uuid[4:].lower()
-    assert hooked("2:1") == (ByMigPlacement(uuid, 2, 1),)
-    assert hooked("0", UUIDS[3]) == (ByIndex(0), ByMigPlacement(uuid, 3, 0))
-    assert hooked("all") == (
-        ByIndex(0), ByIndex(1), ByIndex(3),
-        ByMigPlacement(uuid, 2, 0), ByMigPlacement(uuid, 2, 1), ByMigPlacement(uuid, 3, 0),
-    )  # fmt: skip
+def test_the_work_does_not_depend_on_nvml(mig: tuple[SimNode, EngineConfig, Inventory]) -> None:
+    """NVML only names MIG devices; the hook tells them by placement, which procfs
+    gives, so a spec's hook never needs NVML (nor the time to ask it)."""
+    sim, config, inventory = mig
+    assert inventory.mig.nvml is None
+    without = hook_work(inventory, config, DEFAULT_CAPABILITIES)
+    assert without == hook_work(with_nvml(inventory, snapshot(sim)), config, DEFAULT_CAPABILITIES)
+    assert len(without["gpu_instances"]) == 2
 
 
 def test_without_nvml_no_mig_devices_and_a_warning(mig: tuple[SimNode, EngineConfig, Inventory]) -> None:

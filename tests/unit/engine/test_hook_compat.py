@@ -1,22 +1,20 @@
-"""The CDI hook hands CUDA forward compatibility to its start work as the plugin
-does: the policy switch and the host driver's version (``engine.hook.run_hook``)."""
+"""The CDI hook gets CUDA forward compatibility as the plugin's start work does: the
+policy switch and the host driver's version, in the work the spec hands it
+(``engine.cdi.hook_work``), which the compiled hook takes."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from engine import hook
+from engine.cdi import cdi_spec
 from engine.config import EngineConfig, Policy
 from engine.discover import discover
 from engine.model import DEFAULT_CAPABILITIES, Inventory
-from engine.start import actions
-from engine.start.work import StartReport, StartWork
 from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
+from tests.unit.engine.test_cdi import HOOK, assert_the_hook_takes_its_work, spec_work
 
 
 @pytest.fixture(scope="module")
@@ -28,23 +26,11 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> tuple[SimNode, EngineConfig
 
 @pytest.mark.parametrize("on", [True, False], ids=["on", "off"])
 def test_the_hooks_work_carries_the_switch_and_the_driver_version(
-    sim: tuple[SimNode, EngineConfig, Inventory], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on: bool
+    sim: tuple[SimNode, EngineConfig, Inventory], tmp_path: Path, on: bool
 ) -> None:
-    node, config, inventory = sim
+    _, config, inventory = sim
     config = dataclasses.replace(config, policy=Policy(cuda_compat=on))
-    gpu = node.gpus[0]
-    bundle: dict[str, Any] = {
-        "root": {"path": "rootfs"},
-        "linux": {"devices": [{"path": f"/dev/nvidia{gpu.minor}", "type": "c", "major": 195, "minor": gpu.minor}]},
-    }
-    (tmp_path / "config.json").write_text(json.dumps(bundle))
-    seen: list[StartWork] = []
-
-    def perform_in_bundle(rootfs: str, work: StartWork, **kw: object) -> StartReport:
-        seen.append(work)
-        return StartReport()
-
-    monkeypatch.setattr(actions, "perform_in_bundle", perform_in_bundle)
-    state = json.dumps({"ociVersion": "1.0.2", "id": "c1", "status": "creating", "bundle": str(tmp_path)}).encode()
-    hook.run_hook(state, config, DEFAULT_CAPABILITIES, lambda: inventory)
-    assert [(w.cuda_compat, w.driver_version) for w in seen] == [(on, "550.163.01")]
+    spec = cdi_spec(inventory, config, DEFAULT_CAPABILITIES, HOOK)
+    work = spec_work(spec)
+    assert (work["cuda_compat"], work["driver_version"]) == (on, "550.163.01")
+    assert_the_hook_takes_its_work(spec, tmp_path)

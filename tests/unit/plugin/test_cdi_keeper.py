@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import stat
 import threading
 import time
@@ -24,6 +25,7 @@ from plugin.cdi_conflicts import conflicts
 from plugin.cdi_keeper import SpecKeeper, WatchedInventory, keeper_for
 from plugin.config import CdiConfig, ConfigError, from_toml
 from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
+from tests.testbed.plugins import NRI_GPU, NRI_GPU_HOOK
 
 THEIRS_YAML = '---\ncdiVersion: 0.5.0\nkind: "nvidia.com/gpu"\ndevices:\n- name: "0"\n'
 
@@ -103,9 +105,9 @@ def test_refuses_a_folder_others_can_write(
 
 def test_refuses_a_hook_others_can_change_unless_allowed(tmp_path: Path, inventory: Inventory) -> None:
     path = spec_folder(tmp_path) / "nri-gpu.json"
-    assert keeper(path, hook=["/x/nri-gpu is owned by uid 1000, not root"]).sync(inventory) == "refused"
+    assert keeper(path, hook=["/x/nri-gpu-hook is owned by uid 1000, not root"]).sync(inventory) == "refused"
     assert not path.exists()
-    allowed = keeper(path, hook=["/x/nri-gpu is owned by uid 1000, not root"], allow_untrusted=True)
+    allowed = keeper(path, hook=["/x/nri-gpu-hook is owned by uid 1000, not root"], allow_untrusted=True)
     assert allowed.sync(inventory) == "written"
 
 
@@ -193,7 +195,7 @@ def test_watched_inventory_hands_each_new_one_over_from_the_thread_that_took_it(
 
 def test_the_keeper_thread_notices_the_driver_going_and_removes_the_spec(tmp_path: Path, node: SimNode) -> None:
     path = spec_folder(tmp_path) / "nri-gpu.json"
-    config = CdiConfig(spec=str(path), hook_path="/opt/nri-gpu/bin/nri-gpu", allow_untrusted_hook=True)
+    config = CdiConfig(spec=str(path), hook_path="/opt/nri-gpu/bin/nri-gpu-hook", allow_untrusted_hook=True)
     kept = keeper_for(config, engine_of(node), "")
     assert kept is not None
     cache = WatchedInventory(engine_of(node), listener=kept.changed)
@@ -202,10 +204,51 @@ def test_the_keeper_thread_notices_the_driver_going_and_removes_the_spec(tmp_pat
     assert _eventually(path.exists)
     spec = json.loads(path.read_text())
     assert spec["kind"] == "nvidia.com/gpu"
-    assert spec["containerEdits"]["hooks"][0]["path"] == "/opt/nri-gpu/bin/nri-gpu"
+    assert spec["containerEdits"]["hooks"][0]["path"] == "/opt/nri-gpu/bin/nri-gpu-hook"
     assert "/libcuda.so.550.163.01" in path.read_text()
     (node.proc_root / "driver" / "nvidia" / "version").unlink()  # no request comes: the keeper checks itself
     assert _eventually(lambda: not path.exists())
+
+
+def test_the_keeper_checks_the_compiled_hook_it_names(
+    tmp_path: Path, node: SimNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``[cdi] hook_path`` is checked as ``cdi generate`` checks ``--hook-path``
+    (``check_hook``): root's compiled hook is written into the spec, anything else refused."""
+    path = spec_folder(tmp_path) / "nri-gpu.json"
+    inventory = discover(engine_of(node))
+    hook = tmp_path / "bin" / "nri-gpu-hook"
+    hook.parent.mkdir()
+    shutil.copyfile(NRI_GPU_HOOK, hook)
+    hook.chmod(0o755)
+    kept = keeper_for(CdiConfig(spec=str(path), hook_path=str(hook)), engine_of(node), "")
+    assert kept is not None and kept.sync(inventory) == "written"
+    (entry,) = json.loads(path.read_text())["containerEdits"]["hooks"]
+    assert entry["args"][:3] == [str(hook), "start-container", "--time-limit"]
+    path.unlink()
+    hook.chmod(0o775)
+    assert kept.sync(inventory) == "refused" and not path.exists()
+    assert f"{hook} is writable by its group (mode 0775)" in caplog.text
+    script = tmp_path / "bin" / "nri-gpu"
+    shutil.copyfile(NRI_GPU, script)  # the console script, where the Python hook used to be
+    script.chmod(0o755)
+    kept = keeper_for(CdiConfig(spec=str(path), hook_path=str(script)), engine_of(node), "")
+    assert kept is not None and kept.sync(inventory) == "refused" and not path.exists()
+    assert f"{script} is not nri-gpu's compiled hook (not an ELF file)" in caplog.text
+
+
+def test_the_keeper_names_the_hook_beside_its_nri_gpu_or_none(
+    tmp_path: Path, node: SimNode, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = spec_folder(tmp_path) / "nri-gpu.json"
+    kept = keeper_for(CdiConfig(spec=str(path), allow_untrusted_hook=True), engine_of(node), NRI_GPU)
+    assert kept is not None and kept.sync(discover(engine_of(node))) == "written"
+    assert json.loads(path.read_text())["containerEdits"]["hooks"][0]["path"] == os.path.realpath(NRI_GPU_HOOK)
+    lone = tmp_path / "bin" / "nri-gpu"
+    lone.parent.mkdir()
+    shutil.copyfile(NRI_GPU, lone)
+    assert keeper_for(CdiConfig(spec=str(path)), engine_of(node), str(lone)) is None
+    assert f"CDI spec {path}: not kept: no nri-gpu-hook beside this nri-gpu; set [cdi] hook_path" in caplog.text
 
 
 def _eventually(check: object, timeout: float = 10.0) -> bool:
@@ -242,7 +285,7 @@ def test_generate_names_a_spec_of_the_same_kind_beside_its_output(
 ) -> None:
     folder = spec_folder(tmp_path)
     (folder / "nvidia.yaml").write_text(THEIRS_YAML)
-    argv = ["cdi", "generate", *node.flags(), "--hook-path", "/x/nri-gpu", "--allow-untrusted-hook"]
+    argv = ["cdi", "generate", *node.flags(), "--hook-path", "/x/nri-gpu-hook", "--allow-untrusted-hook"]
     assert main([*argv, "--output", str(folder / "nri-gpu.json")]) == 0
     err = capsys.readouterr().err
     assert f"nri-gpu: warning: {folder}/nvidia.yaml also defines CDI kind nvidia.com/gpu in {folder}" in err

@@ -1,4 +1,6 @@
-"""Where the CDI hook is installed, checked (plugin.hook_install), on real files.
+"""Where the CDI hook is installed, checked (plugin.hook_install), on real files: the
+compiled hook a spec names (``check_hook``) and the ``nri-gpu`` console script a
+systemd unit runs (``check_install``).
 
 Every tree is built here, as root, under pytest's private directory (on the way
 through the sticky, root-owned /tmp): owned by uid 1000 or given mode 0777
@@ -10,13 +12,17 @@ reason, where that interpreter itself is not root's alone.
 from __future__ import annotations
 
 import os
+import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from plugin.hook_install import check_file, check_install, check_tree
+from engine import elf_interpreter
+from plugin.hook_install import check_file, check_hook, check_install, check_tree
+from tests.testbed.plugins import NRI_GPU_HOOK
 
 USER = 1000
 
@@ -289,3 +295,93 @@ def test_a_pyvenv_cfg_that_is_not_a_regular_file_is_refused_before_it_runs(tmp_p
     hook.write_text(f"#!{venv}/bin/python\nfrom plugin.__main__ import main\n")
     hook.chmod(0o755)
     assert check_install(str(hook)) == [f"{venv}/pyvenv.cfg is not a regular file"]
+
+
+# -- the compiled hook ---------------------------------------------------------------------
+
+NOT_THE_HOOK = "is not nri-gpu's compiled hook ({}): pass the nri-gpu-hook installed beside nri-gpu"
+
+
+def copy_of(source: str, where: Path, mode: int = 0o755) -> Path:
+    """``source`` copied to ``where`` (root's, mode ``mode``), the folders on the way made."""
+    where.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, where)
+    where.chmod(mode)
+    return where
+
+
+def elf_naming(interpreter: bytes | None, phoff: int = 64) -> bytes:
+    """A 64-bit ELF header and, with ``interpreter``, one PT_INTERP program header
+    naming it at ``phoff``: all that ``check_hook`` reads of a file."""
+    ident = b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)
+    count = 0 if interpreter is None else 1
+    header = ident + struct.pack("<HHIQQQIHHHHHH", 2, 0x3E, 1, 0x401000, phoff, 0, 0, 64, 56, count, 64, 0, 0)
+    data = header.ljust(phoff, b"\0")
+    if interpreter is not None:
+        path = interpreter + b"\0"
+        data += struct.pack("<IIQQQQQQ", 3, 4, phoff + 56, 0, 0, len(path), len(path), 1) + path
+    return data
+
+
+def test_the_static_hook_hack_setup_built_passes(tmp_path: Path) -> None:
+    hook = copy_of(NRI_GPU_HOOK, tmp_path / "venv/bin/nri-gpu-hook")
+    with open(hook, "rb") as f:
+        assert elf_interpreter(f.read(65536)) is None  # static: the file is all it runs
+    assert check_hook(str(hook)) == []
+
+
+def test_a_hook_others_can_change_is_refused(tmp_path: Path) -> None:
+    open_to_group = copy_of(NRI_GPU_HOOK, tmp_path / "bin/group", 0o775)
+    assert check_hook(str(open_to_group)) == [f"{open_to_group} is writable by its group (mode 0775)"]
+    theirs = copy_of(NRI_GPU_HOOK, tmp_path / "bin/theirs")
+    os.chown(theirs, USER, USER)
+    assert check_hook(str(theirs)) == [f"{theirs} is owned by uid 1000, not root"]
+    (tmp_path / "alice").mkdir()
+    os.chown(tmp_path / "alice", USER, USER)
+    in_a_users_folder = copy_of(NRI_GPU_HOOK, tmp_path / "alice/nri-gpu-hook")
+    assert check_hook(str(in_a_users_folder)) == [f"{tmp_path}/alice is owned by uid 1000, not root"]
+    assert check_hook(str(tmp_path / "bin/gone")) == [f"{tmp_path}/bin/gone is missing"]
+    assert check_hook("nri-gpu-hook") == ["nri-gpu-hook is not an absolute path"]
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b'#!/bin/sh\nexec /usr/bin/nri-gpu-hook-real "$@"\n', "not an ELF file"),
+        (b"#!/usr/local/lib/nri-gpu/venv/bin/python\nfrom plugin.entry import main\n", "not an ELF file"),
+        (b"\x7fELF", "not an ELF file"),  # a header cut short
+        (elf_naming(b"/lib64/ld-linux-x86-64.so.2", phoff=70000), "program headers beyond the part read"),
+    ],
+    ids=["shell-script", "console-script", "truncated", "headers-far-away"],
+)
+def test_anything_but_an_elf_executable_is_refused_with_the_message(tmp_path: Path, content: bytes, why: str) -> None:
+    hook = tmp_path / "nri-gpu-hook"
+    hook.write_bytes(content)
+    hook.chmod(0o755)
+    assert check_hook(str(hook)) == [f"{hook} " + NOT_THE_HOOK.format(why)]
+
+
+def test_a_dynamic_hook_whose_interpreter_is_roots_passes(tmp_path: Path) -> None:
+    """A distribution's build, linked dynamically: its ELF interpreter runs too, and
+    is checked the same way (here /bin/true's, the system's)."""
+    hook = copy_of("/bin/true", tmp_path / "bin/nri-gpu-hook")
+    with open(hook, "rb") as f:
+        interpreter = elf_interpreter(f.read(65536))
+    if interpreter is None:
+        pytest.skip("/bin/true is linked statically here")
+    assert check_file(interpreter) == []
+    assert check_hook(str(hook)) == []
+
+
+def test_a_dynamic_hook_whose_interpreter_a_user_can_change_is_refused(tmp_path: Path) -> None:
+    loader = tree(tmp_path / "alice", "ld.so")
+    os.chown(loader, USER, USER)
+    hook = tmp_path / "bin/nri-gpu-hook"
+    hook.parent.mkdir()
+    hook.write_bytes(elf_naming(str(loader / "ld.so").encode()))
+    hook.chmod(0o755)
+    assert check_hook(str(hook)) == [f"{hook}'s ELF interpreter: {loader} is owned by uid 1000, not root"]
+    os.chown(loader, 0, 0)
+    assert check_hook(str(hook)) == []
+    hook.write_bytes(elf_naming(b"ld.so"))
+    assert check_hook(str(hook)) == [f"{hook}'s ELF interpreter: ld.so is not an absolute path"]

@@ -1,8 +1,10 @@
 """The systemd units ``nri-gpu install --runtime docker|podman`` writes (plugin/systemd_unit.py).
 
-systemd does not run on the test machines, so the units are checked by
-``systemd-analyze verify`` (skipped, saying so, where it is absent), and the
-command the service runs is taken from the written unit and run as it stands.
+The service runs ``nri-gpu cdi generate`` (this Python console script) with the
+compiled hook's path, the roots and the capabilities install was given. systemd
+does not run on the test machines, so the units are checked by ``systemd-analyze
+verify`` (skipped, saying so, where it is absent), and the command the service
+runs is taken from the written unit and run as it stands.
 """
 
 from __future__ import annotations
@@ -12,18 +14,20 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from plugin.__main__ import main
-from plugin.cdi_cli import INSTALL_LINK
+from plugin.cdi_cli import INSTALL_LINK, INSTALL_VENV, NO_HOOK
+from plugin.compiled_hook import HOOK_EXECUTABLE
 from plugin.docker_setup import DEFAULT_SPEC
-from plugin.hook_install import check_install
+from plugin.hook_install import check_hook, check_install
 from plugin.runtime_setup import SetupError
 from plugin.systemd_unit import PATH_UNIT, SERVICE, UNITS, exec_start, planned_units, unit_texts
 from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
-from tests.testbed.plugins import NRI_GPU
+from tests.testbed.plugins import NRI_GPU, NRI_GPU_HOOK
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "systemd"
 
@@ -34,12 +38,23 @@ def _exec_start(unit: Path) -> list[str]:
 
 
 @pytest.fixture
-def trusted_hook() -> str:
-    """This checkout's nri-gpu, where root alone can change it (a unit names no other)."""
+def trusted_nri_gpu() -> str:
+    """This checkout's nri-gpu, where root alone can change it (a unit runs no other)."""
     problems = check_install(NRI_GPU)
     if problems:
         pytest.skip(f"{NRI_GPU} is not root's alone, so no unit may run it: {problems[0]}")
     return NRI_GPU
+
+
+@pytest.fixture
+def trusted_hook(trusted_nri_gpu: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """This venv's compiled hook, where root alone can change it (a unit's spec names no
+    other); install runs as this venv's nri-gpu, which its unit then runs."""
+    problems = check_hook(NRI_GPU_HOOK)
+    if problems:
+        pytest.skip(f"{NRI_GPU_HOOK} is not root's alone, so no spec may name it: {problems[0]}")
+    monkeypatch.setattr(sys, "argv", [trusted_nri_gpu])
+    return NRI_GPU_HOOK
 
 
 @pytest.fixture
@@ -55,7 +70,10 @@ def _install(tmp_path: Path, node: SimNode, hook: str, *more: str) -> list[str]:
 
 
 def test_the_shipped_units_are_what_install_writes_for_the_readme_install() -> None:
-    texts = unit_texts(exec_start(INSTALL_LINK, Path(DEFAULT_SPEC), []))
+    # The README's nri-gpu is a link into root's venv, where pip put the hook beside
+    # it (plugin.compiled_hook.installed_hook follows the link there).
+    hook = f"{INSTALL_VENV}/bin/{HOOK_EXECUTABLE}"
+    texts = unit_texts(exec_start(INSTALL_LINK, Path(DEFAULT_SPEC), ["--hook-path", hook]))
     assert {p.name: p.read_text() for p in DEPLOY.iterdir()} == texts
 
 
@@ -104,8 +122,9 @@ def test_the_unit_command_writes_the_spec_install_wrote(
     spec = tmp_path / "cdi" / "nri-gpu.json"
     written = spec.read_bytes()
     argv = _exec_start(tmp_path / "units" / SERVICE)
-    assert argv[:5] == [trusted_hook, "cdi", "generate", "--output", str(spec)]
+    assert argv[:7] == [NRI_GPU, "cdi", "generate", "--output", str(spec), "--hook-path", trusted_hook]
     assert "--capabilities" in argv and "--driver-root" in argv
+    assert json.loads(written)["containerEdits"]["hooks"][0]["path"] == trusted_hook
     spec.unlink()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"}, cwd="/")
     assert done.returncode == 0, done.stderr
@@ -159,22 +178,73 @@ def test_uninstall_is_refused_while_the_units_are_enabled(
     assert spec.exists() and (tmp_path / "units" / SERVICE).exists()
 
 
-def test_a_hook_or_folder_others_can_change_is_refused_for_the_unit(tmp_path: Path, trusted_hook: str) -> None:
+def test_a_hook_or_folder_others_can_change_is_refused_for_the_unit(
+    tmp_path: Path, trusted_nri_gpu: str, trusted_hook: str
+) -> None:
     """No --allow-untrusted-hook for a unit: it runs unattended at every boot."""
+    hook = ["--hook-path", trusted_hook]
+    units = tmp_path / "units"
+    assert planned_units(trusted_nri_gpu, tmp_path / "cdi.json", hook, None, units)  # the control
     open_dir = tmp_path / "open"
     open_dir.mkdir()
     open_dir.chmod(0o777)
     with pytest.raises(SetupError, match="users other than root") as caught:
-        planned_units(trusted_hook, open_dir / "nri-gpu.json", [], None, tmp_path / "units")
+        planned_units(trusted_nri_gpu, open_dir / "nri-gpu.json", hook, None, units)
     assert str(open_dir) in str(caught.value)
     with pytest.raises(SetupError, match="users other than root") as caught:
-        planned_units(trusted_hook, tmp_path / "cdi.json", ["--driver-root", str(open_dir)], None, tmp_path / "u")
+        planned_units(trusted_nri_gpu, tmp_path / "cdi.json", [*hook, "--driver-root", str(open_dir)], None, units)
     assert str(open_dir) in str(caught.value)
-    hook = open_dir / "nri-gpu"
-    shutil.copy(trusted_hook, hook)
+    # What the unit runs: nri-gpu, and the hook its spec names.
+    nri_gpu = open_dir / "nri-gpu"
+    shutil.copy(trusted_nri_gpu, nri_gpu)
     with pytest.raises(SetupError, match="is writable by its group and others") as caught:
-        planned_units(str(hook), tmp_path / "cdi.json", [], None, tmp_path / "units")
-    assert str(open_dir) in str(caught.value)
+        planned_units(str(nri_gpu), tmp_path / "cdi.json", hook, None, units)
+    assert f"{open_dir} is writable by its group and others" in str(caught.value)
+    open_hook = open_dir / "nri-gpu-hook"
+    shutil.copy(trusted_hook, open_hook)
+    with pytest.raises(SetupError, match="users other than root") as caught:
+        planned_units(trusted_nri_gpu, tmp_path / "cdi.json", ["--hook-path", str(open_hook)], None, units)
+    assert f"{open_dir} is writable by its group and others (mode 0777)" in str(caught.value)
+
+
+def test_a_hook_that_is_not_the_compiled_one_is_refused_for_the_unit(tmp_path: Path, trusted_nri_gpu: str) -> None:
+    # nri-gpu itself where the hook belongs (the Python hook's old place): root's, not the hook.
+    with pytest.raises(SetupError) as caught:
+        planned_units(trusted_nri_gpu, tmp_path / "cdi.json", ["--hook-path", trusted_nri_gpu], None, tmp_path / "u")
+    assert f"{trusted_nri_gpu} is not nri-gpu's compiled hook (not an ELF file)" in str(caught.value)
+    assert not (tmp_path / "u").exists()
+
+
+def test_install_without_a_hook_beside_nri_gpu_writes_nothing(
+    tmp_path: Path, node: SimNode, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The spec and its unit must name the hook: a copy of nri-gpu with no nri-gpu-hook
+    beside it asks for --hook-path, and writes neither."""
+    lone = tmp_path / "bin" / "nri-gpu"
+    lone.parent.mkdir()
+    shutil.copy(NRI_GPU, lone)
+    monkeypatch.setattr(sys, "argv", [str(lone)])
+    argv = [w for w in _install(tmp_path, node, "HOOK") if w not in ("--hook-path", "HOOK")]
+    assert main(argv) == 1
+    assert capsys.readouterr().err == NO_HOOK + "\n"
+    assert not (tmp_path / "units").exists() and not (tmp_path / "cdi" / "nri-gpu.json").exists()
+
+
+def test_install_that_cannot_tell_which_nri_gpu_runs_writes_no_unit(
+    tmp_path: Path,
+    node: SimNode,
+    trusted_hook: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # python -m plugin, no nri-gpu on PATH: the unit would have nothing to run.
+    monkeypatch.setattr(sys, "argv", [sys.executable])
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert main(_install(tmp_path, node, trusted_hook)) == 1
+    assert "cannot tell where nri-gpu and nri-gpu-hook are installed for the units; pass --no-unit" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "units").exists() and not (tmp_path / "cdi" / "nri-gpu.json").exists()
 
 
 def test_no_unit_writes_none(tmp_path: Path, node: SimNode, trusted_hook: str) -> None:

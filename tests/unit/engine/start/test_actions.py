@@ -7,24 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from engine.start import actions, ldconfig
-from engine.start.rootdir import RootDir
+from engine.start import actions
 from engine.start.work import WorkError
 
 
-def test_a_hooks_mountinfo_is_read_within_a_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A hook reads its own mountinfo (the host's mounts, then the container's):
-    bounded as the plugin's read of a container's is, and refused when over
-    (cut short, a procfs mount could be left uncovered for ldconfig)."""
-    monkeypatch.setattr(ldconfig, "open_trusted", lambda path: os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
-    root = RootDir(os.open(tmp_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
-    try:
-        trusted = actions._trusted_here(root, str(tmp_path), "/sbin/ldconfig")
-        for fd in (trusted.binary, trusted.devnull, trusted.own_pid_namespace):
-            if fd is not None:
-                os.close(fd)
-        monkeypatch.setattr(actions, "_MOUNTINFO_LIMIT", 64)
-        with pytest.raises(WorkError, match=r"^/proc/self/mountinfo: over 64 bytes"):
-            actions._trusted_here(root, str(tmp_path), "/sbin/ldconfig")
-    finally:
-        root.close()
+def test_a_containers_mountinfo_is_read_within_a_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The procfs mount points ldconfig's view must cover come from the container's
+    mountinfo: bounded, and refused when over (cut short, a procfs mount could be
+    left uncovered for ldconfig)."""
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text("22 1 0:21 / /proc rw,nosuid - proc proc rw\n")
+    found = actions._proc_mounts(os.open(mountinfo, os.O_RDONLY | os.O_CLOEXEC), "the container's mountinfo")
+    assert found == ("/proc",)
+    monkeypatch.setattr(actions, "_MOUNTINFO_LIMIT", 16)
+    with pytest.raises(WorkError, match=r"^the container's mountinfo: over 16 bytes"):
+        actions._proc_mounts(os.open(mountinfo, os.O_RDONLY | os.O_CLOEXEC), "the container's mountinfo")
