@@ -109,7 +109,16 @@ extern "C" {
     fn _exit(status: c_int) -> !;
     fn signal(signum: c_int, handler: usize) -> usize;
     fn setitimer(which: c_int, new: *const Itimerval, old: *mut Itimerval) -> c_int;
+    fn sigemptyset(set: *mut SigSet) -> c_int;
+    fn sigaddset(set: *mut SigSet, signum: c_int) -> c_int;
+    fn sigprocmask(how: c_int, set: *const SigSet, old: *mut SigSet) -> c_int;
     fn prctl(option: c_int, arg2: c_ulong, arg3: c_ulong, arg4: c_ulong, arg5: c_ulong) -> c_int;
+}
+
+/// glibc's `sigset_t`: 1024 bits.
+#[repr(C)]
+struct SigSet {
+    bits: [u64; 16],
 }
 
 #[repr(C)]
@@ -482,6 +491,7 @@ pub fn list_dir(fd: RawFd, limit: usize) -> io::Result<Option<Vec<DirEntry>>> {
 // ---------------------------------------------------------------- the time limit
 
 const SIGALRM: c_int = 14;
+const SIG_UNBLOCK: c_int = 1;
 const ITIMER_REAL: c_int = 0;
 static mut EXPIRED_MESSAGE: [u8; 256] = [0; 256];
 static mut EXPIRED_LEN: usize = 0;
@@ -509,11 +519,27 @@ pub fn exit_after(seconds: f64, message: &str) -> io::Result<()> {
             return Err(last_error());
         }
     }
+    // The runtime may start the hook with SIGALRM blocked (a mask is inherited
+    // through exec): then the limit would never fire.
+    let mut alarm = SigSet { bits: [0; 16] };
+    // SAFETY: a sigset_t-sized buffer of ours.
+    unsafe {
+        sigemptyset(&mut alarm);
+        sigaddset(&mut alarm, SIGALRM);
+        if sigprocmask(SIG_UNBLOCK, &alarm, std::ptr::null_mut()) != 0 {
+            return Err(last_error());
+        }
+    }
     let whole = seconds.floor();
-    let timer = Itimerval {
-        interval: Timeval { sec: 0, usec: 0 },
-        value: Timeval { sec: whole as i64, usec: ((seconds - whole) * 1e6) as i64 },
-    };
+    // Rounded up: a limit below a microsecond must not become {0, 0}, which
+    // turns the timer off instead of firing it.
+    let mut sec = whole as i64;
+    let mut usec = (((seconds - whole) * 1e6).ceil() as i64).max(if sec == 0 { 1 } else { 0 });
+    if usec >= 1_000_000 {
+        sec += 1;
+        usec = 0;
+    }
+    let timer = Itimerval { interval: Timeval { sec: 0, usec: 0 }, value: Timeval { sec, usec } };
     check(unsafe { setitimer(ITIMER_REAL, &timer, std::ptr::null_mut()) } as c_long).map(|_| ())
 }
 

@@ -521,12 +521,29 @@ def _gpu_files(node: Node, index: int) -> list[str]:
     return [bus, *(f"{bus}/{p.name}" for p in (node.sim.proc_root / "driver/nvidia/gpus" / bus).iterdir())]
 
 
-def test_the_hook_ends_itself_at_its_time_limit(four: Node) -> None:
+def _blocking_sigalrm() -> None:
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+
+
+@pytest.mark.parametrize(
+    ("limit", "shown", "before_exec"),
+    [
+        ("1", "1", None),
+        # Below a microsecond: rounded down to {0, 0}, setitimer would turn the timer off.
+        ("0.0000001", "0.0000001", None),
+        # A runtime that starts the hook with SIGALRM blocked (a mask survives exec).
+        ("1", "1", _blocking_sigalrm),
+    ],
+    ids=["one-second", "sub-microsecond", "sigalrm-blocked"],
+)
+def test_the_hook_ends_itself_at_its_time_limit(
+    four: Node, limit: str, shown: str, before_exec: Callable[[], None] | None
+) -> None:
     """A stdin that never closes (or a stuck file system) must not hold the start
     until the runtime's own timeout, or forever without one."""
-    argv = [*hook_command(str(hookrun.BINARY)).args[:2], "--time-limit", "1", "--work", json.dumps(four.work())]
+    argv = [*hook_command(str(hookrun.BINARY)).args[:2], "--time-limit", limit, "--work", json.dumps(four.work())]
     began = time.monotonic()
-    with subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env={}) as proc:
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env={}, preexec_fn=before_exec) as proc:
         try:
             proc.wait(timeout=10)  # stdin stays open: communicate() would close it
         finally:
@@ -534,8 +551,8 @@ def test_the_hook_ends_itself_at_its_time_limit(four: Node) -> None:
         assert proc.stderr is not None
         err = proc.stderr.read().decode()
     assert proc.returncode == 1, err
-    assert err == "nri-gpu hook: did not finish within its time limit of 1 s; giving up\n"
-    assert 1 <= time.monotonic() - began < 5
+    assert err == f"nri-gpu hook: did not finish within its time limit of {shown} s; giving up\n"
+    assert time.monotonic() - began < 5
 
 
 @pytest.mark.parametrize(
