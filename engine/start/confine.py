@@ -112,6 +112,9 @@ def exec_confined(trusted: Trusted, output: int, cache_mount: int, parent: int) 
         for point in trusted.proc_mounts:
             if point != OUTPUT:
                 _attach(root, point, _empty_tmpfs())
+        # Nothing of the worker's (the container's roots, its pipes) is held once this
+        # process is nobody's: only the binary and the worker's pidfd are kept.
+        _close_fds_except(binary, parent)
         for limit, value in _LIMITS:
             resource.setrlimit(limit, (value, value))
         _become_nobody()
@@ -168,7 +171,10 @@ def _become_nobody() -> None:
     syscalls.no_new_privs()
 
 
-def _close_fds_except(keep: int) -> None:
+def _close_fds_except(*keep: int) -> None:
     # Nothing of the plugin's (sockets, the result pipe) reaches ldconfig.
-    os.closerange(3, keep)
-    os.closerange(keep + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = max(low, fd + 1)
+    os.closerange(low, resource.getrlimit(resource.RLIMIT_NOFILE)[1])

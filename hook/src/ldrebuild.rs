@@ -82,6 +82,9 @@ const TAIL_QUOTED: usize = 1000;
 /// the Python reads it).
 const MOUNTINFO_LIMIT: usize = 4 << 20;
 const MOUNTINFO: &str = "/proc/self/mountinfo";
+/// The whole of this namespace's mountinfo before pivot_root (the host's mounts
+/// too): 256k mounts of 256 bytes; the hook's time limit bounds the reading.
+const HOST_MOUNTINFO_LIMIT: usize = 64 << 20;
 
 // <linux/sched.h>
 const CLONE_NEWUTS: c_int = 0x0400_0000;
@@ -255,8 +258,10 @@ pub struct Trusted {
 pub fn trusted_here(root: &RootDir, rootfs: &str, ldconfig_path: &str) -> Result<Trusted> {
     let real = real_path(rootfs);
     let prefix = real.trim_end_matches('/');
-    // The host's mounts as well as the container's, before pivot_root: bounded like a container's.
-    let points = proc_mounts_here()?;
+    // Before pivot_root this namespace holds the host's mounts as well as the
+    // container's: only the container's count against the bound, or any tenant
+    // with enough volumes on the node could fail every other tenant's start.
+    let points = proc_mounts_under(prefix)?;
     let binary = open_trusted(ldconfig_path)?;
     let under = format!("{}/", prefix);
     let proc_mounts = points
@@ -294,41 +299,72 @@ fn dup_cloexec(fd: RawFd) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(new) })
 }
 
-/// The procfs mount points `/proc/self/mountinfo` lists (`actions._proc_mounts`).
-/// Refused over `MOUNTINFO_LIMIT`: cut short, one could be left uncovered for ldconfig.
-fn proc_mounts_here() -> Result<Vec<String>> {
+/// The procfs mount points of `/proc/self/mountinfo` at `prefix` or below it
+/// (`actions._proc_mounts` of the container's mounts). Refused when the whole
+/// file is over `HOST_MOUNTINFO_LIMIT` bytes, or the container's lines over
+/// `MOUNTINFO_LIMIT` characters (cut short, one could be left uncovered for
+/// ldconfig).
+fn proc_mounts_under(prefix: &str) -> Result<Vec<String>> {
     let fd = sys::openat_fd(sys::AT_FDCWD, MOUNTINFO, sys::O_RDONLY | sys::O_NOCTTY, 0).map_err(os_error)?;
-    let text = match read_text(fd.as_raw_fd(), MOUNTINFO_LIMIT).map_err(os_error)? {
-        Some(text) => text,
+    let data = match read_bounded(fd.as_raw_fd(), HOST_MOUNTINFO_LIMIT).map_err(os_error)? {
+        Some(data) => data,
         None => {
-            return Err(WorkError(format!(
-                "{}: over {} bytes (the host's mounts and the container's)",
-                MOUNTINFO, MOUNTINFO_LIMIT
-            )))
+            return Err(WorkError(format!("{}: over {} bytes (the host's mounts)", MOUNTINFO, HOST_MOUNTINFO_LIMIT)))
         }
     };
-    // A ValueError in the Python, which the start step reports with its type's name.
-    proc_mount_points(&text).map_err(|message| WorkError(format!("ValueError: {}", message)))
+    container_proc_mounts(&data, prefix, MOUNTINFO_LIMIT)
 }
 
-/// The text at `fd` (UTF-8, errors replaced), `None` when longer than `limit`
-/// characters. A character is at most 4 bytes: reading 4 × (limit + 1) bytes
-/// decides it without reading an endless file to its end.
-fn read_text(fd: RawFd, limit: usize) -> io::Result<Option<String>> {
-    let bound = limit.saturating_add(1).saturating_mul(4);
-    let mut data = Vec::new();
-    while data.len() < bound {
-        let chunk = sys::read_some(fd, std::cmp::min(1 << 20, bound - data.len()))?;
-        if chunk.is_empty() {
-            break;
+/// `proc_mounts_under` on the mountinfo `data`, with the container's lines bounded by `limit`.
+fn container_proc_mounts(data: &[u8], prefix: &str, limit: usize) -> Result<Vec<String>> {
+    let under = format!("{}/", prefix);
+    let mut ours = String::new();
+    let mut chars = 0usize;
+    for raw in data.split(|&b| b == b'\n') {
+        let line = String::from_utf8_lossy(raw);
+        // A ValueError in the Python, which the start step reports with its type's name.
+        let point = mount_point(&line).map_err(|message| WorkError(format!("ValueError: {}", message)))?;
+        if !point.map_or(false, |p| p == prefix || p.starts_with(&under)) {
+            continue;
         }
-        data.extend_from_slice(&chunk);
+        chars += line.chars().count() + 1;
+        if chars > limit {
+            return Err(WorkError(format!("{}: over {} bytes (the container's mounts)", MOUNTINFO, limit)));
+        }
+        ours.push_str(&line);
+        ours.push('\n');
     }
-    let text = String::from_utf8_lossy(&data).into_owned();
-    if text.chars().count() > limit {
+    proc_mount_points(&ours).map_err(|message| WorkError(format!("ValueError: {}", message)))
+}
+
+/// The mount point (unescaped) of one mountinfo line; None for a blank line.
+fn mount_point(line: &str) -> std::result::Result<Option<String>, String> {
+    if line.chars().all(py_isspace) {
         return Ok(None);
     }
-    Ok(Some(text))
+    let left = match line.find(" - ") {
+        Some(at) => &line[..at],
+        None => return Err(malformed(line)),
+    };
+    match py_split(left).nth(4) {
+        Some(point) => Ok(Some(unescape(point))),
+        None => Err(malformed(line)),
+    }
+}
+
+/// All of `fd`, `None` when it holds more than `limit` bytes.
+fn read_bounded(fd: RawFd, limit: usize) -> io::Result<Option<Vec<u8>>> {
+    let mut data = Vec::new();
+    loop {
+        let chunk = sys::read_some(fd, std::cmp::min(1 << 20, limit + 1 - data.len()))?;
+        if chunk.is_empty() {
+            return Ok(Some(data));
+        }
+        data.extend_from_slice(&chunk);
+        if data.len() > limit {
+            return Ok(None);
+        }
+    }
 }
 
 // ---------------------------------------------------------------- mountinfo (engine/start/mountinfo.py)
@@ -1087,6 +1123,9 @@ fn confine_and_exec<'a>(plan: &'a ChildPlan, fds: &ChildFds) -> std::result::Res
     for point in &plan.covered {
         attach(root, point, new_tmpfs(&EMPTY, true)?)?;
     }
+    // Nothing of the hook's (the container's roots, its pipes) is held once this
+    // process is nobody's: only the binary and the parent's pidfd are kept.
+    close_fds_except(&[binary, parent], plan.fd_limit);
     for (resource, value) in [(RLIMIT_CPU, CPU_SECONDS), (RLIMIT_FSIZE, FILE_SIZE)] {
         set_limit(resource, value)?;
     }
@@ -1097,7 +1136,7 @@ fn confine_and_exec<'a>(plan: &'a ChildPlan, fds: &ChildFds) -> std::result::Res
         return Err(Stop::ParentGone);
     }
     checked(unsafe { chdir(b"/\0".as_ptr() as *const c_char) } as c_long, Says::Path(b"'/'"))?;
-    close_fds_except(binary, plan.fd_limit);
+    close_fds_except(&[binary], plan.fd_limit);
     let nothing = SigSet { bits: [0; 16] };
     checked(unsafe { sigprocmask(SIG_SETMASK, &nothing, std::ptr::null_mut()) } as c_long, Says::Plain)?;
     unsafe {
@@ -1216,20 +1255,30 @@ fn has_exited(pidfd: c_int) -> std::result::Result<bool, Failed<'static>> {
 }
 
 /// Nothing of the hook's reaches ldconfig but stdio and the binary.
-fn close_fds_except(keep: c_int, limit: u64) {
-    let keep = keep as c_long;
+/// Close every descriptor above stdio but those in `keep` (at most a few).
+fn close_fds_except(keep: &[c_int], limit: u64) {
+    let mut kept = [c_int::MAX; 4];
+    let n = keep.len().min(kept.len());
+    kept[..n].copy_from_slice(&keep[..n]);
+    kept.sort_unstable();
     // SAFETY: close_range over our own descriptor table.
-    let done = unsafe {
-        (keep <= 3 || syscall(SYS_CLOSE_RANGE, 3 as c_long, keep - 1, 0 as c_long) == 0)
-            && syscall(SYS_CLOSE_RANGE, keep + 1, c_uint::MAX as c_long, 0 as c_long) == 0
-    };
+    let mut low: c_long = 3;
+    let mut done = true;
+    for &fd in kept.iter().filter(|&&fd| fd != c_int::MAX && fd >= 3) {
+        let fd = fd as c_long;
+        if fd > low {
+            done &= unsafe { syscall(SYS_CLOSE_RANGE, low, fd - 1, 0 as c_long) } == 0;
+        }
+        low = low.max(fd + 1);
+    }
+    done &= unsafe { syscall(SYS_CLOSE_RANGE, low, c_uint::MAX as c_long, 0 as c_long) } == 0;
     if done {
         return;
     }
     // A kernel before 5.9: one by one, up to the hard limit.
     let mut fd: c_long = 3;
     while (fd as u64) < limit {
-        if fd != keep {
+        if !kept.contains(&(fd as c_int)) {
             // SAFETY: closing a descriptor number of ours (most are not open).
             unsafe { close(fd as c_int) };
         }
@@ -1338,15 +1387,31 @@ mod tests {
     }
 
     #[test]
-    fn mountinfo_is_read_within_its_limit() {
-        // Cut short, a procfs mount could be left uncovered for ldconfig: over the
-        // limit is refused, not read in part (the limit counts characters).
-        let path = std::env::temp_dir().join(format!("ldrebuild-mountinfo-{}", std::process::id()));
-        std::fs::write(&path, "é".repeat(64)).unwrap();
+    fn only_the_containers_mounts_count_against_the_bound() {
+        // Before pivot_root the host's mounts are listed too: a tenant's thousands of
+        // volumes must not fail another container's start.
+        let host = "36 25 0:32 / /var/lib/kubelet/pods/x/volumes/v rw - tmpfs tmpfs rw\n".repeat(1000);
+        let ours = "40 39 0:5 / /run/b/rootfs/proc rw,nosuid - proc proc rw\n\
+                    41 39 0:5 / /run/b/rootfs/srv/proc rw - proc proc rw\n\
+                    42 25 0:5 / /run/b/rootfs-other/proc rw - proc proc rw\n";
+        let data = format!("{}{}", host, ours);
+        let found = container_proc_mounts(data.as_bytes(), "/run/b/rootfs", 200).unwrap();
+        assert_eq!(found, vec!["/run/b/rootfs/proc", "/run/b/rootfs/srv/proc"]);
+        // Cut short, one could be left uncovered: over the bound is refused.
+        let over = container_proc_mounts(data.as_bytes(), "/run/b/rootfs", 100).unwrap_err();
+        assert!(over.0.contains("over 100 bytes (the container's mounts)"), "{}", over.0);
+        let bad = container_proc_mounts(b"not a mountinfo line\n", "/x", 100).unwrap_err();
+        assert!(bad.0.starts_with("ValueError: mountinfo: malformed line"), "{}", bad.0);
+    }
+
+    #[test]
+    fn a_file_past_its_bound_is_not_read_to_its_end() {
+        let path = std::env::temp_dir().join(format!("ldrebuild-bounded-{}", std::process::id()));
+        std::fs::write(&path, vec![b'x'; 65]).unwrap();
         let file = std::fs::File::open(&path).unwrap();
-        assert_eq!(read_text(file.as_raw_fd(), 64).unwrap().map(|t| t.chars().count()), Some(64));
+        assert_eq!(read_bounded(file.as_raw_fd(), 65).unwrap().map(|d| d.len()), Some(65));
         let file = std::fs::File::open(&path).unwrap();
-        assert_eq!(read_text(file.as_raw_fd(), 63).unwrap(), None);
+        assert_eq!(read_bounded(file.as_raw_fd(), 64).unwrap(), None);
         std::fs::remove_file(&path).unwrap();
     }
 
