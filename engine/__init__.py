@@ -24,19 +24,19 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names as the type checker sees them; loaded lazily below
-    from engine.cdi import HOOK_EXECUTABLE, HookCommand, cdi_spec, hook_command, spec_warnings
-    from engine.config import LD_CACHE_MODES, EngineConfig, EngineConfigError, Policy
-    from engine.config import from_tables as config_from_tables
-    from engine.discover import InventoryCache, current_ipc
-    from engine.discover import discover as discover_inventory
-    from engine.equipped import Source, cdi_names, completion, conflict, nvidia_nri_annotation
-    from engine.equipped import equipped as find_equipped
-    from engine.errors import EngineError, RequestError, StartError, UnknownDeviceError
-    from engine.model import Capability, DriverFile, Inventory, Plan
-    from engine.plan import ipc_in_mounts
-    from engine.plan import plan as make_plan
-    from engine.report import inventory_text, inventory_to_dict, plan_text, plan_to_dict
-    from engine.request import (
+    from nri_gpu.engine.cdi import HOOK_EXECUTABLE, HookCommand, cdi_spec, hook_command, spec_warnings
+    from nri_gpu.engine.config import LD_CACHE_MODES, EngineConfig, EngineConfigError, Policy
+    from nri_gpu.engine.config import from_tables as config_from_tables
+    from nri_gpu.engine.discover import InventoryCache, current_ipc
+    from nri_gpu.engine.discover import discover as discover_inventory
+    from nri_gpu.engine.equipped import Source, cdi_names, completion, conflict, nvidia_nri_annotation
+    from nri_gpu.engine.equipped import equipped as find_equipped
+    from nri_gpu.engine.errors import EngineError, RequestError, StartError, UnknownDeviceError
+    from nri_gpu.engine.model import Capability, DriverFile, Inventory, Plan
+    from nri_gpu.engine.plan import ipc_in_mounts
+    from nri_gpu.engine.plan import plan as make_plan
+    from nri_gpu.engine.report import inventory_text, inventory_to_dict, plan_text, plan_to_dict
+    from nri_gpu.engine.request import (
         CONTAINER_ANNOTATION_PREFIX,
         DRIVER_CAPABILITIES,
         MAX_DEVICE_NODES,
@@ -50,12 +50,12 @@ if TYPE_CHECKING:  # the names as the type checker sees them; loaded lazily belo
         parse_capabilities,
         parse_request,
     )
-    from engine.selection import UnknownMigDeviceError
-    from engine.start.actions import identity_blind_spots
-    from engine.start.elf import interpreter as elf_interpreter
-    from engine.start.runner import find_init_pid, run_start_async, shows_driver_view
-    from engine.start.syscalls import open_in_root
-    from engine.start.work import start_work
+    from nri_gpu.engine.selection import UnknownMigDeviceError
+    from nri_gpu.engine.start.actions import identity_blind_spots
+    from nri_gpu.engine.start.elf import interpreter as elf_interpreter
+    from nri_gpu.engine.start.runner import find_init_pid, run_start_async, shows_driver_view
+    from nri_gpu.engine.start.syscalls import open_in_root
+    from nri_gpu.engine.start.work import start_work
 
 
 def _names(module: str, *names: str) -> dict[str, tuple[str, str]]:
@@ -65,19 +65,19 @@ def _names(module: str, *names: str) -> dict[str, tuple[str, str]]:
 # Exported name -> (module, name there).
 _EXPORTS: dict[str, tuple[str, str]] = {
     # Configuration: the config file's [engine] and [policy] tables, validated.
-    **_names("engine.config", "EngineConfig", "EngineConfigError", "Policy", "LD_CACHE_MODES"),
-    "config_from_tables": ("engine.config", "from_tables"),
+    **_names("nri_gpu.engine.config", "EngineConfig", "EngineConfigError", "Policy", "LD_CACHE_MODES"),
+    "config_from_tables": ("nri_gpu.engine.config", "from_tables"),
     # Errors: the plugin maps EngineError to the runtime's error status.
-    **_names("engine.errors", "EngineError", "RequestError", "StartError", "UnknownDeviceError"),
-    "UnknownMigDeviceError": ("engine.selection", "UnknownMigDeviceError"),
+    **_names("nri_gpu.engine.errors", "EngineError", "RequestError", "StartError", "UnknownDeviceError"),
+    "UnknownMigDeviceError": ("nri_gpu.engine.selection", "UnknownMigDeviceError"),
     # The node's inventory, and the cache that takes it again when the node changes.
-    "discover_inventory": ("engine.discover", "discover"),
-    **_names("engine.discover", "InventoryCache", "current_ipc"),
-    **_names("engine.model", "Capability", "DriverFile", "Inventory", "Plan"),
+    "discover_inventory": ("nri_gpu.engine.discover", "discover"),
+    **_names("nri_gpu.engine.discover", "InventoryCache", "current_ipc"),
+    **_names("nri_gpu.engine.model", "Capability", "DriverFile", "Inventory", "Plan"),
     # The request parser, its pre-filter and the request's wire names (the
     # plugin reads only the annotations and env the parser would).
     **_names(
-        "engine.request",
+        "nri_gpu.engine.request",
         "ContainerInfo",
         "GpuRequest",
         "parse_request",
@@ -93,23 +93,23 @@ _EXPORTS: dict[str, tuple[str, str]] = {
         "VOLUME_MARKER_DIR",
     ),
     # The planner, and what a container already has from another source.
-    "make_plan": ("engine.plan", "plan"),
-    "ipc_in_mounts": ("engine.plan", "ipc_in_mounts"),
-    "find_equipped": ("engine.equipped", "equipped"),
-    **_names("engine.equipped", "Source", "cdi_names", "completion", "conflict", "nvidia_nri_annotation"),
+    "make_plan": ("nri_gpu.engine.plan", "plan"),
+    "ipc_in_mounts": ("nri_gpu.engine.plan", "ipc_in_mounts"),
+    "find_equipped": ("nri_gpu.engine.equipped", "equipped"),
+    **_names("nri_gpu.engine.equipped", "Source", "cdi_names", "completion", "conflict", "nvidia_nri_annotation"),
     # `nri-gpu inventory` and `nri-gpu plan`'s text and JSON.
-    **_names("engine.report", "inventory_text", "inventory_to_dict", "plan_text", "plan_to_dict"),
+    **_names("nri_gpu.engine.report", "inventory_text", "inventory_to_dict", "plan_text", "plan_to_dict"),
     # The start work and its runner (NRI StartContainer).
-    "start_work": ("engine.start.work", "start_work"),
-    **_names("engine.start.runner", "find_init_pid", "run_start_async", "shows_driver_view"),
-    "identity_blind_spots": ("engine.start.actions", "identity_blind_spots"),
+    "start_work": ("nri_gpu.engine.start.work", "start_work"),
+    **_names("nri_gpu.engine.start.runner", "find_init_pid", "run_start_async", "shows_driver_view"),
+    "identity_blind_spots": ("nri_gpu.engine.start.actions", "identity_blind_spots"),
     # The CDI spec builder, and the compiled hook's command line the spec runs.
-    **_names("engine.cdi", "HOOK_EXECUTABLE", "HookCommand", "cdi_spec", "hook_command", "spec_warnings"),
-    # Whether the compiled hook a spec names is linked statically (plugin.hook_install).
-    "elf_interpreter": ("engine.start.elf", "interpreter"),
+    **_names("nri_gpu.engine.cdi", "HOOK_EXECUTABLE", "HookCommand", "cdi_spec", "hook_command", "spec_warnings"),
+    # Whether the compiled hook a spec names is linked statically (nri_gpu.plugin.cli.hook_install).
+    "elf_interpreter": ("nri_gpu.engine.start.elf", "interpreter"),
     # node-setup looks up the host's paths as the start work does the
     # container's: openat2 confined to a root.
-    "open_in_root": ("engine.start.syscalls", "open_in_root"),
+    "open_in_root": ("nri_gpu.engine.start.syscalls", "open_in_root"),
 }
 
 __all__ = [
@@ -173,7 +173,7 @@ def __getattr__(name: str) -> Any:
     try:
         module, attribute = _EXPORTS[name]
     except KeyError:
-        raise AttributeError(f"module 'engine' has no attribute {name!r}") from None
+        raise AttributeError(f"module 'nri_gpu.engine' has no attribute {name!r}") from None
     return getattr(importlib.import_module(module), attribute)
 
 

@@ -53,13 +53,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from engine.catalogue import IPC_TYPES
-from engine.config import EngineConfig
-from engine.errors import DiscoveryError
-from engine.model import Capability, DeviceKind, DeviceNode, Gpu, Inventory, MigCap, MigDevice, Plan
-from engine.plan import host_source
-from engine.plan import plan as make_plan
-from engine.request import GpuRequest, Selection
+from nri_gpu.engine.catalogue import IPC_TYPES
+from nri_gpu.engine.config import EngineConfig
+from nri_gpu.engine.errors import DiscoveryError
+from nri_gpu.engine.model import Capability, DeviceKind, DeviceNode, Gpu, Inventory, MigCap, MigDevice, Plan
+from nri_gpu.engine.plan import host_source
+from nri_gpu.engine.plan import plan as make_plan
+from nri_gpu.engine.request import GpuRequest, Selection
 
 __all__ = [
     "CDI_VERSION",

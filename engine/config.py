@@ -14,8 +14,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from engine.errors import EngineError
-from engine.model import ALL_CAPABILITIES, Capability
+from nri_gpu.engine.errors import EngineError
+from nri_gpu.engine.model import ALL_CAPABILITIES, Capability
 
 
 class EngineConfigError(EngineError, ValueError):

@@ -44,11 +44,11 @@ import stat
 import time
 from collections.abc import Callable, Iterable
 
-from engine import catalogue, fabric, migfs, procfs
-from engine.config import EngineConfig
-from engine.errors import DiscoveryError
-from engine.ldcache import parse_ld_so_cache
-from engine.model import (
+from nri_gpu.engine import catalogue, fabric, migfs, procfs
+from nri_gpu.engine.config import EngineConfig
+from nri_gpu.engine.errors import DiscoveryError
+from nri_gpu.engine.ldcache import parse_ld_so_cache
+from nri_gpu.engine.model import (
     Capability,
     ComputeInstance,
     DeviceKind,
@@ -65,7 +65,7 @@ from engine.model import (
     MigLayout,
     NvmlSnapshot,
 )
-from engine.root import Root
+from nri_gpu.engine.root import Root
 
 logger = logging.getLogger(__name__)
 
@@ -119,14 +119,14 @@ def _read_cuda_version(libcuda: str) -> tuple[str | None, str | None]:
     """``engine.cudaversion.read_cuda_version``, imported on first use: the CDI hook
     passes its own probes and would pay for their imports (subprocess, selectors)
     at every container start."""
-    from engine.cudaversion import read_cuda_version
+    from nri_gpu.engine.cudaversion import read_cuda_version
 
     return read_cuda_version(libcuda)
 
 
 def _read_nvml(libnvml: str) -> tuple[NvmlSnapshot | None, str | None]:
     """``engine.nvml.read_nvml``, imported on first use (as ``_read_cuda_version``)."""
-    from engine.nvml import read_nvml
+    from nri_gpu.engine.nvml import read_nvml
 
     return read_nvml(libnvml)
 
@@ -561,7 +561,7 @@ def _nvml(
     else:
         snapshot, error = reader(driver.host_path(libnvml.path))
         if snapshot is not None:
-            from engine.nvml import check_against_procfs  # see _read_cuda_version: not on the hook's path
+            from nri_gpu.engine.nvml import check_against_procfs  # see _read_cuda_version: not on the hook's path
 
             checked, found = check_against_procfs(snapshot, gpus, mig)
             warnings += found

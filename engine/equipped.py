@@ -45,11 +45,11 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from engine.config import EQUIPPED_MODES, EngineConfig
-from engine.model import Capability, Gpu, Inventory, MigDevice, Plan
-from engine.plan import plan as make_plan
-from engine.request import ByMigPlacement, ByUuid, DeviceId, GpuRequest, Selection
-from engine.selection import mig_devices_in
+from nri_gpu.engine.config import EQUIPPED_MODES, EngineConfig
+from nri_gpu.engine.model import Capability, Gpu, Inventory, MigDevice, Plan
+from nri_gpu.engine.plan import plan as make_plan
+from nri_gpu.engine.request import ByMigPlacement, ByUuid, DeviceId, GpuRequest, Selection
+from nri_gpu.engine.selection import mig_devices_in
 
 __all__ = [
     "CDI_ANNOTATION_PREFIX",

@@ -33,9 +33,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from engine.config import Policy
-from engine.errors import RequestError, quoted
-from engine.model import DeviceKind, DeviceNode, Fabric, Feature
+from nri_gpu.engine.config import Policy
+from nri_gpu.engine.errors import RequestError, quoted
+from nri_gpu.engine.model import DeviceKind, DeviceNode, Fabric, Feature
 
 IMEX_CHANNELS = "NVIDIA_IMEX_CHANNELS"
 IMEX_MARKER_PREFIX = "imex/"

@@ -27,7 +27,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from engine.model import Capability, DeviceNode, DriverFile, FileKind, Gpu, Inventory, Library, Symlink
+from nri_gpu.engine.model import Capability, DeviceNode, DriverFile, FileKind, Gpu, Inventory, Library, Symlink
 
 __all__ = ["APP_PROFILE_PATH", "MAX_PROFILE_MINOR", "GraphicsPlan", "app_profile_text", "plan_graphics"]
 

@@ -61,8 +61,8 @@ from itertools import accumulate, repeat
 from operator import getitem, le, sub
 from typing import cast
 
-from engine.errors import DiscoveryError
-from engine.model import LdCacheEntry
+from nri_gpu.engine.errors import DiscoveryError
+from nri_gpu.engine.model import LdCacheEntry
 
 OLD_MAGIC = b"ld.so-1.7.0"
 NEW_MAGIC = b"glibc-ld.so.cache"

@@ -33,7 +33,7 @@ import functools
 import struct
 from collections.abc import Iterable, Sequence
 
-from engine.ldcache import (
+from nri_gpu.engine.ldcache import (
     EXTENSION_MAGIC,
     EXTENSION_TAG_GENERATOR,
     EXTENSION_TAG_HWCAPS,
@@ -43,7 +43,7 @@ from engine.ldcache import (
     check_deadline,
     is_hwcaps_entry,
 )
-from engine.model import LdCacheEntry
+from nri_gpu.engine.model import LdCacheEntry
 
 __all__ = ["GENERATOR", "encode", "libcmp", "merge"]
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from engine.errors import DiscoveryError
+from nri_gpu.engine.errors import DiscoveryError
 
 # nv-caps.c sizes its tables for 32 GPUs, 15 GPU instances (swizzIds 0..14) and 8
 # compute instances per GPU instance; no other name can have a capability file.

@@ -46,8 +46,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from engine.errors import DiscoveryError
-from engine.model import Gpu, MigLayout, NvmlGpu, NvmlMigDevice, NvmlSnapshot
+from nri_gpu.engine.errors import DiscoveryError
+from nri_gpu.engine.model import Gpu, MigLayout, NvmlGpu, NvmlMigDevice, NvmlSnapshot
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ def parse_probe_output(text: str) -> NvmlSnapshot:
     >>> parse_probe_output('{"error":{"call":"nvmlInit_v2","rc":9,"text":"Driver Not Loaded"}}')
     Traceback (most recent call last):
     ...
-    engine.nvml.NvmlError: nvmlInit_v2 returned 9 (Driver Not Loaded)
+    nri_gpu.engine.nvml.NvmlError: nvmlInit_v2 returned 9 (Driver Not Loaded)
     """
     if len(text) > MAX_OUTPUT:
         raise NvmlError(f"NVML probe: output of {len(text)} bytes, more than {MAX_OUTPUT}")

@@ -45,10 +45,10 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Iterable
 
-from engine import catalogue, fabric, graphics, requirements
-from engine.config import EngineConfig
-from engine.errors import RequestError
-from engine.model import (
+from nri_gpu.engine import catalogue, fabric, graphics, requirements
+from nri_gpu.engine.config import EngineConfig
+from nri_gpu.engine.errors import RequestError
+from nri_gpu.engine.model import (
     Capability,
     DeviceKind,
     DeviceNode,
@@ -64,8 +64,8 @@ from engine.model import (
     Plan,
     Symlink,
 )
-from engine.request import GpuRequest
-from engine.selection import select
+from nri_gpu.engine.request import GpuRequest
+from nri_gpu.engine.selection import select
 
 CAPS_DIR = "/dev/nvidia-caps"
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from engine.errors import DiscoveryError
+from nri_gpu.engine.errors import DiscoveryError
 
 
 @dataclass(frozen=True)

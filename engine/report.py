@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.graphics import APP_PROFILE_PATH
-from engine.model import (
+from nri_gpu.engine.graphics import APP_PROFILE_PATH
+from nri_gpu.engine.model import (
     Capability,
     DeviceNode,
     Fabric,

@@ -46,12 +46,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from engine.config import Policy
-from engine.errors import RequestError, quoted
-from engine.fabric import IMEX_MARKER_PREFIX, FabricRequest, parse_fabric
-from engine.model import ALL_CAPABILITIES, DEFAULT_CAPABILITIES, Capability
-from engine.procfs import canonical_bus_id
-from engine.requirements import MAX_VARIABLES
+from nri_gpu.engine.config import Policy
+from nri_gpu.engine.errors import RequestError, quoted
+from nri_gpu.engine.fabric import IMEX_MARKER_PREFIX, FabricRequest, parse_fabric
+from nri_gpu.engine.model import ALL_CAPABILITIES, DEFAULT_CAPABILITIES, Capability
+from nri_gpu.engine.procfs import canonical_bus_id
+from nri_gpu.engine.requirements import MAX_VARIABLES
 
 POD_ANNOTATION = "nvidia.com/gpus"
 CONTAINER_ANNOTATION_PREFIX = "nvidia.com/gpus.container."

@@ -34,8 +34,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.errors import RequirementError, quoted
-from engine.model import Gpu
+from nri_gpu.engine.errors import RequirementError, quoted
+from nri_gpu.engine.model import Gpu
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ import os
 import posixpath
 import stat
 
-from engine.config import is_clean_absolute
-from engine.errors import DiscoveryError
-from engine.model import EntryType
+from nri_gpu.engine.config import is_clean_absolute
+from nri_gpu.engine.errors import DiscoveryError
+from nri_gpu.engine.model import EntryType
 
 _MAX_LINKS = 40  # the kernel's own limit on links followed in one lookup
 _MAX_READ = 16 * 1024 * 1024  # no file the engine reads is near this; a guard against /dev/zero-like surprises
@@ -215,7 +215,7 @@ def _open_in_sticky(dirfd: int, name: str) -> int:
     """
     # Imported here: engine.start imports this module (a top-level import would be
     # circular). The module is loaded by then in every process that gets here.
-    from engine.start import syscalls
+    from nri_gpu.engine.start import syscalls
 
     return syscalls.openat2(dirfd, name, _O_WALK, 0, syscalls.RESOLVE_NO_XDEV | syscalls.RESOLVE_NO_SYMLINKS)
 

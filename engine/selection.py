@@ -20,9 +20,9 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from engine.errors import RequestError, UnknownDeviceError
-from engine.model import Gpu, Inventory, MigDevice, MigLayout
-from engine.request import ByIndex, ByMigIndex, ByMigPlacement, ByMigUuid, ByUuid, GpuRequest, Selection
+from nri_gpu.engine.errors import RequestError, UnknownDeviceError
+from nri_gpu.engine.model import Gpu, Inventory, MigDevice, MigLayout
+from nri_gpu.engine.request import ByIndex, ByMigIndex, ByMigPlacement, ByMigUuid, ByUuid, GpuRequest, Selection
 
 __all__ = ["Selected", "UnknownMigDeviceError", "in_mig_mode", "mig_devices", "mig_devices_in", "select"]
 

@@ -10,10 +10,10 @@ would hide the operator's mistake.
 
 from __future__ import annotations
 
-from engine import Plan
-from plugin._proto import nri_pb2 as api
-from plugin.errors import PluginError
-from plugin.request import first_values
+from nri_gpu.engine import Plan
+from nri_gpu.plugin._proto import nri_pb2 as api
+from nri_gpu.plugin.errors import PluginError
+from nri_gpu.plugin.request import first_values
 
 # Records what the container was given, for people and tools reading the spec.
 GPUS_ANNOTATION = "nri-gpu.io/gpus"

@@ -16,8 +16,8 @@ import tomllib
 from collections.abc import Mapping
 from typing import Any
 
-from engine import EngineConfig, EngineConfigError, config_from_tables
-from plugin.logfmt import DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL, LOG_FORMATS, LOG_LEVELS
+from nri_gpu.engine import EngineConfig, EngineConfigError, config_from_tables
+from nri_gpu.plugin.logfmt import DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL, LOG_FORMATS, LOG_LEVELS
 
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 DEFAULT_NAME = "nri-gpu"
@@ -128,7 +128,7 @@ def from_mapping(table: Mapping[str, Any]) -> PluginConfig:
 
 @dataclasses.dataclass(frozen=True)
 class CdiConfig:
-    """The CDI spec ``nri-gpu run`` keeps current (``plugin.cdi_keeper``)."""
+    """The CDI spec ``nri-gpu run`` keeps current (``nri_gpu.plugin.cli.cdi_keeper``)."""
 
     # Absolute path of the spec file; "" keeps none.
     spec: str = ""

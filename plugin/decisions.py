@@ -52,11 +52,11 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from plugin._proto import nri_pb2 as api
-from plugin.errors import PluginError, bounded
-from plugin.logfmt import EXTRA_KEY
-from plugin.metrics import STEP_PLAN, STEP_START, PluginMetrics
-from plugin.request import describe
+from nri_gpu.plugin._proto import nri_pb2 as api
+from nri_gpu.plugin.errors import PluginError, bounded
+from nri_gpu.plugin.logfmt import EXTRA_KEY
+from nri_gpu.plugin.metrics import STEP_PLAN, STEP_START, PluginMetrics
+from nri_gpu.plugin.request import describe
 
 __all__ = [
     "CREATE",

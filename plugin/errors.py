@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from plugin.logfmt import printable
+from nri_gpu.plugin.logfmt import printable
 
 MAX_MESSAGE = 4096  # characters of a refusal the runtime shows: a few lines, never megabytes
 

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from engine import (
+from nri_gpu.engine import (
     DRIVER_CAPABILITIES,
     ContainerInfo,
     DriverFile,
@@ -44,16 +44,16 @@ from engine import (
     shows_driver_view,
     start_work,
 )
-from plugin import budget
-from plugin._proto import nri_pb2 as api
-from plugin.adjustment import GPUS_ANNOTATION, to_adjustment
-from plugin.decisions import CREATE, START, VALIDATE, Decisions, Outcome, subject_fields
-from plugin.errors import PluginError
-from plugin.inventory import LiveInventory
-from plugin.logfmt import EXTRA_KEY
-from plugin.metrics import PluginMetrics
-from plugin.offloop import map_until
-from plugin.request import container_info, describe, may_request
+from nri_gpu.plugin import budget
+from nri_gpu.plugin._proto import nri_pb2 as api
+from nri_gpu.plugin.adjustment import GPUS_ANNOTATION, to_adjustment
+from nri_gpu.plugin.decisions import CREATE, START, VALIDATE, Decisions, Outcome, subject_fields
+from nri_gpu.plugin.errors import PluginError
+from nri_gpu.plugin.inventory import LiveInventory
+from nri_gpu.plugin.logfmt import EXTRA_KEY
+from nri_gpu.plugin.metrics import PluginMetrics
+from nri_gpu.plugin.offloop import map_until
+from nri_gpu.plugin.request import container_info, describe, may_request
 
 logger = logging.getLogger(__name__)
 

@@ -54,8 +54,8 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
-from plugin.metrics import CONTENT_TYPE, PluginMetrics
-from plugin.stub import Stub
+from nri_gpu.plugin.metrics import CONTENT_TYPE, PluginMetrics
+from nri_gpu.plugin.stub import Stub
 
 logger = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from engine import Inventory, InventoryCache
-from plugin.budget import DEFAULT_REQUEST
-from plugin.offloop import in_thread
+from nri_gpu.engine import Inventory, InventoryCache
+from nri_gpu.plugin.budget import DEFAULT_REQUEST
+from nri_gpu.plugin.offloop import in_thread
 
 __all__ = ["LiveInventory"]
 

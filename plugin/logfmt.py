@@ -11,7 +11,7 @@ Handlers attach the structured form of a decision as
 message already says it in words), the JSON format merges its keys into the
 object beside ``time``, ``level``, ``logger`` and ``message``::
 
-    {"time": "2026-01-02T03:04:05.678Z", "level": "info", "logger": "plugin.handlers",
+    {"time": "2026-01-02T03:04:05.678Z", "level": "info", "logger": "nri_gpu.plugin.handlers",
      "message": "container \\"c\\" in pod \\"ns/p\\": GPUs 0, ...", "event": "CreateContainer",
      "pod": "p", "namespace": "ns", "container": "c", "gpus": [0], "duration_ms": 0.41}
 """

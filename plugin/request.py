@@ -19,7 +19,7 @@ markers as soon as it counts past the bound, before building anything bigger.
 
 from __future__ import annotations
 
-from engine import (
+from nri_gpu.engine import (
     CONTAINER_ANNOTATION_PREFIX,
     MAX_DEVICE_NODES,
     MAX_LIST_ENTRIES,
@@ -30,8 +30,8 @@ from engine import (
     Policy,
     RequestError,
 )
-from engine import may_request as _may_request
-from plugin._proto import nri_pb2 as api
+from nri_gpu.engine import may_request as _may_request
+from nri_gpu.plugin._proto import nri_pb2 as api
 
 _MARKER_PREFIX = VOLUME_MARKER_DIR + "/"
 _REQUEST_ENV = ("NVIDIA_", "CUDA_VERSION=")  # every name engine.request reads starts so

@@ -38,13 +38,13 @@ from typing import Any
 
 from google.protobuf.message import DecodeError, Message
 
-from plugin._proto import nri_pb2 as api
-from plugin.budget import Timeouts, deadline_scope
-from plugin.config import PluginConfig
-from plugin.errors import PluginError, RegistrationError, bounded
-from plugin.events import Event, events_of, mask_of, valid_events
-from plugin.metrics import ERROR_INTERNAL, ERROR_REFUSED, ERROR_START_FAILED, PluginMetrics
-from plugin.ttrpc import Code, ConnectionClosed, InboundRequest, MuxConnection, StatusError
+from nri_gpu.plugin._proto import nri_pb2 as api
+from nri_gpu.plugin.budget import Timeouts, deadline_scope
+from nri_gpu.plugin.config import PluginConfig
+from nri_gpu.plugin.errors import PluginError, RegistrationError, bounded
+from nri_gpu.plugin.events import Event, events_of, mask_of, valid_events
+from nri_gpu.plugin.metrics import ERROR_INTERNAL, ERROR_REFUSED, ERROR_START_FAILED, PluginMetrics
+from nri_gpu.plugin.ttrpc import Code, ConnectionClosed, InboundRequest, MuxConnection, StatusError
 
 logger = logging.getLogger(__name__)
 

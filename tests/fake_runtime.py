@@ -20,12 +20,12 @@ from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 
-from plugin._proto import nri_pb2 as api
-from plugin.config import PluginConfig
-from plugin.events import Event, valid_events
-from plugin.metrics import PluginMetrics
-from plugin.stub import Stub
-from plugin.ttrpc import Code, InboundRequest, MuxConnection, StatusError
+from nri_gpu.plugin._proto import nri_pb2 as api
+from nri_gpu.plugin.config import PluginConfig
+from nri_gpu.plugin.events import Event, valid_events
+from nri_gpu.plugin.metrics import PluginMetrics
+from nri_gpu.plugin.stub import Stub
+from nri_gpu.plugin.ttrpc import Code, InboundRequest, MuxConnection, StatusError
 
 PLUGIN = "nri.pkg.api.v1alpha1.Plugin"
 RUNTIME = "nri.pkg.api.v1alpha1.Runtime"

@@ -1,10 +1,18 @@
 """The dependency rules of the layout, checked on the source (no imports run).
 
-- ``engine`` never imports ``plugin``: the engine must stay usable on its own.
-- ``plugin`` uses the engine through its front door, the names ``engine/__init__.py``
-  exports (``from engine import parse_request``), never a submodule: what the
-  plugin may depend on is that list, and the engine's modules stay free to move.
-- ``plugin.ttrpc`` is generic: it imports nothing of NRI, the stub or the engine.
+The folders ``engine/`` and ``plugin/`` install as ``nri_gpu.engine`` and
+``nri_gpu.plugin`` (pyproject.toml): one distinctive top-level name.
+
+- Nothing imports ``engine`` or ``plugin`` by their folder names: in the checkout
+  those would load a second copy of every module beside the installed one.
+- ``nri_gpu.engine`` never imports ``nri_gpu.plugin``: the engine must stay usable on its own.
+- ``nri_gpu.plugin`` uses the engine through its front door, the names
+  ``engine/__init__.py`` exports (``from nri_gpu.engine import parse_request``),
+  never a submodule: what the plugin may depend on is that list, and the
+  engine's modules stay free to move.
+- The NRI adapter (``nri_gpu.plugin``, but ``plugin.cli``) never imports the
+  command line and host set-up (``nri_gpu.plugin.cli``), which imports it.
+- ``nri_gpu.plugin.ttrpc`` is generic: it imports nothing of NRI, the stub or the engine.
 - modules marked ``(pure)`` in their docstring import no I/O modules, so they
   stay testable with plain values and cannot block the event loop.
 """
@@ -45,10 +53,53 @@ def rel(path: Path) -> str:
     return str(path.relative_to(ROOT))
 
 
+ENGINE, PLUGIN, CLI = "nri_gpu.engine", "nri_gpu.plugin", "nri_gpu.plugin.cli"
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+PYTHON_SOURCES = [
+    p
+    for p in sorted(ROOT.rglob("*.py"))
+    if not {".venv", "build", "target", ".git"} & set(p.relative_to(ROOT).parts) and "_pb2" not in p.name
+]
+
+
+@pytest.mark.parametrize("path", PYTHON_SOURCES, ids=rel)
+def test_nothing_imports_the_folders_by_name(path: Path) -> None:
+    bad = {m for m in imports_of(path) if within(m, "engine") or within(m, "plugin")}
+    assert not bad, f"{rel(path)} imports {sorted(bad)}: import them as {ENGINE} and {PLUGIN}"
+
+
 @pytest.mark.parametrize("path", list(modules("engine")), ids=rel)
 def test_engine_never_imports_plugin(path: Path) -> None:
-    bad = {m for m in imports_of(path) if m == "plugin" or m.startswith("plugin.")}
+    bad = {m for m in imports_of(path) if within(m, PLUGIN)}
     assert not bad, f"{rel(path)} imports {sorted(bad)}"
+
+
+ADAPTER = [p for p in modules("plugin") if "cli" not in p.relative_to(ROOT / "plugin").parts]
+
+
+def test_the_adapter_and_the_command_line_are_both_there() -> None:
+    assert ROOT / "plugin" / "stub.py" in ADAPTER and ROOT / "plugin" / "cli" / "__main__.py" not in ADAPTER
+
+
+@pytest.mark.parametrize("path", ADAPTER, ids=rel)
+def test_the_nri_adapter_never_imports_the_command_line(path: Path) -> None:
+    bad = {m for m in imports_of(path) if within(m, CLI)}
+    bad |= {f"{PLUGIN}.{a}" for a in names_from(path, PLUGIN) if a == "cli"}
+    assert not bad, f"{rel(path)} imports {sorted(bad)}"
+
+
+def names_from(path: Path, module: str) -> set[str]:
+    """The names ``from <module> import ...`` takes in ``path``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == module:
+            found.update(a.name for a in node.names)
+    return found
 
 
 def engine_exports() -> set[str]:
@@ -64,18 +115,19 @@ def engine_exports() -> set[str]:
 
 def engine_imports_beside_the_front_door(path: Path) -> set[str]:
     """What ``path`` takes from the engine other than its exported names:
-    ``import engine.x``, ``from engine.x import y``, and ``from engine import z``
-    where ``z`` is not in ``engine.__all__`` (a submodule, or a name not exported)."""
+    ``import nri_gpu.engine.x``, ``from nri_gpu.engine.x import y``, and ``from
+    nri_gpu.engine import z`` where ``z`` is not in ``engine.__all__`` (a
+    submodule, or a name not exported)."""
     exported = engine_exports()
     bad: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            bad.update(a.name for a in node.names if a.name.startswith("engine."))
+            bad.update(a.name for a in node.names if a.name.startswith(ENGINE + "."))
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module.startswith("engine."):
+            if node.module.startswith(ENGINE + "."):
                 bad.add(node.module)
-            elif node.module == "engine":
-                bad.update(f"engine.{a.name}" for a in node.names if a.name not in exported)
+            elif node.module == ENGINE:
+                bad.update(f"{ENGINE}.{a.name}" for a in node.names if a.name not in exported)
     return bad
 
 
@@ -86,29 +138,29 @@ def test_engine_exports_are_read() -> None:
 @pytest.mark.parametrize("path", list(modules("plugin")), ids=rel)
 def test_plugin_uses_only_the_engines_front_door(path: Path) -> None:
     bad = engine_imports_beside_the_front_door(path)
-    assert not bad, f"{rel(path)} imports {sorted(bad)}: import the name from engine, exported there"
+    assert not bad, f"{rel(path)} imports {sorted(bad)}: import the name from {ENGINE}, exported there"
 
 
 @pytest.mark.parametrize(
     "source",
     [
-        "from engine.plan import plan\n",
-        "import engine.discover\n",
-        "from engine import discover\n",
-        "def f():\n    from engine.start import runner\n",
+        "from nri_gpu.engine.plan import plan\n",
+        "import nri_gpu.engine.discover\n",
+        "from nri_gpu.engine import discover\n",
+        "def f():\n    from nri_gpu.engine.start import runner\n",
     ],
     ids=["from-submodule", "import-submodule", "submodule-from-package", "inside-a-function"],
 )
 def test_the_front_door_check_sees_a_submodule_import(tmp_path: Path, source: str) -> None:
     path = tmp_path / "violation.py"
-    path.write_text("from engine import make_plan\n" + source)
+    path.write_text("from nri_gpu.engine import make_plan\n" + source)
     assert engine_imports_beside_the_front_door(path)
 
 
 @pytest.mark.parametrize("path", list(modules("plugin/ttrpc")), ids=rel)
 def test_ttrpc_is_generic(path: Path) -> None:
-    allowed = ("plugin.ttrpc", "plugin._proto.ttrpc_pb2", "plugin._proto")
-    bad = {m for m in imports_of(path) if m.startswith(("plugin", "engine")) and not m.startswith(allowed)}
+    allowed = (f"{PLUGIN}.ttrpc", f"{PLUGIN}._proto.ttrpc_pb2", f"{PLUGIN}._proto")
+    bad = {m for m in imports_of(path) if m.startswith(("nri_gpu", "plugin", "engine")) and not m.startswith(allowed)}
     assert not bad, f"{rel(path)} imports {sorted(bad)}"
     assert "nri_pb2" not in path.read_text(), f"{rel(path)} mentions the NRI messages"
 

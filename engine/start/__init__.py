@@ -14,33 +14,33 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names as the type checker sees them; loaded lazily below
-    from engine.start.runner import (
+    from nri_gpu.engine.start.runner import (
         DEFAULT_LDCONFIG,
         DEFAULT_TIMEOUT,
         find_init_pid,
         run_start_async,
         shows_driver_view,
     )
-    from engine.start.work import StartReport, StartWork, start_work
+    from nri_gpu.engine.start.work import StartReport, StartWork, start_work
 
 # Loaded on first use (PEP 562): a command that plans (``nri-gpu plan``) does not
 # pay for the NRI path's forked runner, which imports asyncio.
 _EXPORTS = {
-    "DEFAULT_LDCONFIG": "engine.start.runner",
-    "DEFAULT_TIMEOUT": "engine.start.runner",
-    "find_init_pid": "engine.start.runner",
-    "run_start_async": "engine.start.runner",
-    "shows_driver_view": "engine.start.runner",
-    "StartReport": "engine.start.work",
-    "StartWork": "engine.start.work",
-    "start_work": "engine.start.work",
+    "DEFAULT_LDCONFIG": "nri_gpu.engine.start.runner",
+    "DEFAULT_TIMEOUT": "nri_gpu.engine.start.runner",
+    "find_init_pid": "nri_gpu.engine.start.runner",
+    "run_start_async": "nri_gpu.engine.start.runner",
+    "shows_driver_view": "nri_gpu.engine.start.runner",
+    "StartReport": "nri_gpu.engine.start.work",
+    "StartWork": "nri_gpu.engine.start.work",
+    "start_work": "nri_gpu.engine.start.work",
 }
 
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'engine.start' has no attribute {name!r}")
+        raise AttributeError(f"module 'nri_gpu.engine.start' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
 
 

@@ -46,10 +46,21 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from engine.config import LdCache
-from engine.start import appprofile, cgroup, compat, ipc, ldconfig, links, mountinfo, procsource, procview, syscalls
-from engine.start.rootdir import RootDir
-from engine.start.work import StartReport, StartWork, WorkError
+from nri_gpu.engine.config import LdCache
+from nri_gpu.engine.start import (
+    appprofile,
+    cgroup,
+    compat,
+    ipc,
+    ldconfig,
+    links,
+    mountinfo,
+    procsource,
+    procview,
+    syscalls,
+)
+from nri_gpu.engine.start.rootdir import RootDir
+from nri_gpu.engine.start.work import StartReport, StartWork, WorkError
 
 __all__ = ["StepFailed", "identity_blind_spots", "perform"]
 

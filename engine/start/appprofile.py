@@ -12,8 +12,8 @@ needs no mount and goes away with the container.
 
 from __future__ import annotations
 
-from engine.graphics import APP_PROFILE_PATH
-from engine.start.rootdir import RootDir, write_file
+from nri_gpu.engine.graphics import APP_PROFILE_PATH
+from nri_gpu.engine.start.rootdir import RootDir, write_file
 
 __all__ = ["write"]
 

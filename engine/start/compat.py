@@ -24,7 +24,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.cudacompat import (
+from nri_gpu.engine.cudacompat import (
     COMPAT_DIR,
     MAX_ENTRIES,
     NOTE_SECTION,
@@ -36,9 +36,9 @@ from engine.cudacompat import (
     looks_like_library,
     parse_note,
 )
-from engine.model import LdCacheEntry
-from engine.start import elf
-from engine.start.rootdir import READ, RootDir, describe
+from nri_gpu.engine.model import LdCacheEntry
+from nri_gpu.engine.start import elf
+from nri_gpu.engine.start.rootdir import READ, RootDir, describe
 
 __all__ = ["Compat", "check"]
 

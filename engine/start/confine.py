@@ -42,8 +42,8 @@ import select
 import signal
 from dataclasses import dataclass
 
-from engine.start import syscalls
-from engine.start.rootdir import RootDir
+from nri_gpu.engine.start import syscalls
+from nri_gpu.engine.start.rootdir import RootDir
 
 __all__ = ["ARGV", "CACHE_NAME", "OUTPUT", "UID", "Trusted", "exec_confined"]
 

@@ -22,11 +22,11 @@ from __future__ import annotations
 import os
 import stat
 
-from engine.catalogue import IPC_TYPES
-from engine.errors import DiscoveryError
-from engine.root import Root
-from engine.start.rootdir import RootDir, describe
-from engine.start.work import StartWork, WorkError
+from nri_gpu.engine.catalogue import IPC_TYPES
+from nri_gpu.engine.errors import DiscoveryError
+from nri_gpu.engine.root import Root
+from nri_gpu.engine.start.rootdir import RootDir, describe
+from nri_gpu.engine.start.work import StartWork, WorkError
 
 __all__ = ["Seen", "check", "on_host"]
 

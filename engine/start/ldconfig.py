@@ -40,14 +40,14 @@ import signal
 import stat
 import time
 
-from engine.errors import DiscoveryError
-from engine.ldcache import MAX_CACHE_SIZE, LdCache, LdCacheLimit, parse_ld_so_cache, read_ld_so_cache
-from engine.ldcache_merge import encode
-from engine.ldcache_merge import merge as merge_entries
-from engine.model import LdCacheEntry
-from engine.start import confine, elf, syscalls
-from engine.start.confine import Trusted
-from engine.start.rootdir import (
+from nri_gpu.engine.errors import DiscoveryError
+from nri_gpu.engine.ldcache import MAX_CACHE_SIZE, LdCache, LdCacheLimit, parse_ld_so_cache, read_ld_so_cache
+from nri_gpu.engine.ldcache_merge import encode
+from nri_gpu.engine.ldcache_merge import merge as merge_entries
+from nri_gpu.engine.model import LdCacheEntry
+from nri_gpu.engine.start import confine, elf, syscalls
+from nri_gpu.engine.start.confine import Trusted
+from nri_gpu.engine.start.rootdir import (
     WRITE,
     OverLimit,
     RootDir,
@@ -58,7 +58,7 @@ from engine.start.rootdir import (
     write_atomically,
     write_file,
 )
-from engine.start.work import WorkError
+from nri_gpu.engine.start.work import WorkError
 
 __all__ = [
     "COMPAT_CONF",

@@ -15,9 +15,9 @@ import errno
 import os
 import stat
 
-from engine.model import Symlink
-from engine.start.rootdir import RootDir, describe, split
-from engine.start.work import WorkError
+from nri_gpu.engine.model import Symlink
+from nri_gpu.engine.start.rootdir import RootDir, describe, split
+from nri_gpu.engine.start.work import WorkError
 
 __all__ = ["create"]
 

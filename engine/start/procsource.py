@@ -27,10 +27,10 @@ import stat
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine.procfs import params_with_device_modification_disabled
-from engine.start import syscalls
-from engine.start.rootdir import RootDir, describe, read_regular
-from engine.start.work import WorkError
+from nri_gpu.engine.procfs import params_with_device_modification_disabled
+from nri_gpu.engine.start import syscalls
+from nri_gpu.engine.start.rootdir import RootDir, describe, read_regular
+from nri_gpu.engine.start.work import WorkError
 
 __all__ = [
     "CAPS",

@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import os
 
-from engine.start import syscalls
-from engine.start.procsource import CAPS, ProcSource, Source
-from engine.start.rootdir import RootDir, describe
-from engine.start.work import WorkError
+from nri_gpu.engine.start import syscalls
+from nri_gpu.engine.start.procsource import CAPS, ProcSource, Source
+from nri_gpu.engine.start.rootdir import RootDir, describe
+from nri_gpu.engine.start.work import WorkError
 
 __all__ = ["MARKER", "is_finished", "isolate", "marker_text"]
 

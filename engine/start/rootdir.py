@@ -28,8 +28,8 @@ import errno
 import os
 import stat
 
-from engine.start import syscalls
-from engine.start.work import WorkError
+from nri_gpu.engine.start import syscalls
+from nri_gpu.engine.start.work import WorkError
 
 __all__ = ["IN_ROOT", "READ", "WRITE", "OverLimit", "RootDir", "describe", "read_regular", "split", "write_atomically"]
 

@@ -47,9 +47,9 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
-from engine.errors import StartError
-from engine.start import actions, cgroup, procview, syscalls
-from engine.start.work import StartReport, StartWork
+from nri_gpu.engine.errors import StartError
+from nri_gpu.engine.start import actions, cgroup, procview, syscalls
+from nri_gpu.engine.start.work import StartReport, StartWork
 
 __all__ = [
     "DEFAULT_LDCONFIG",

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.catalogue import IPC_TYPES
-from engine.config import LD_CACHE_MODES, LdCache
-from engine.migfs import compute_instance_id, gpu_dir_minor, gpu_instance_id
-from engine.model import LdCacheEntry, Plan, Symlink
+from nri_gpu.engine.catalogue import IPC_TYPES
+from nri_gpu.engine.config import LD_CACHE_MODES, LdCache
+from nri_gpu.engine.migfs import compute_instance_id, gpu_dir_minor, gpu_instance_id
+from nri_gpu.engine.model import LdCacheEntry, Plan, Symlink
 
 __all__ = ["PROC", "StartReport", "StartWork", "WorkError", "is_cap_path", "start_work"]
 

@@ -5,9 +5,9 @@ ttrpc client and server that share one unix stream socket. Only
 ``connection`` does I/O; ``frames``, ``mux`` and ``codec`` are pure.
 """
 
-from plugin.ttrpc.codec import decode_request, decode_response, encode_request, encode_response
-from plugin.ttrpc.connection import Handler, InboundRequest, MuxConnection
-from plugin.ttrpc.errors import (
+from nri_gpu.plugin.ttrpc.codec import decode_request, decode_response, encode_request, encode_response
+from nri_gpu.plugin.ttrpc.connection import Handler, InboundRequest, MuxConnection
+from nri_gpu.plugin.ttrpc.errors import (
     Code,
     ConnectionClosed,
     MessageTooLarge,
@@ -16,7 +16,7 @@ from plugin.ttrpc.errors import (
     TtrpcError,
     Unimplemented,
 )
-from plugin.ttrpc.frames import (
+from nri_gpu.plugin.ttrpc.frames import (
     HEADER_SIZE,
     MAX_MESSAGE,
     Message,
@@ -25,7 +25,7 @@ from plugin.ttrpc.frames import (
     Oversized,
     encode_message,
 )
-from plugin.ttrpc.mux import GO_READ_SIZE, MAX_INBOUND_FRAME, MUX_HEADER_SIZE, Demux, encode_mux
+from nri_gpu.plugin.ttrpc.mux import GO_READ_SIZE, MAX_INBOUND_FRAME, MUX_HEADER_SIZE, Demux, encode_mux
 
 __all__ = [
     "GO_READ_SIZE",

@@ -23,8 +23,8 @@ from collections.abc import Iterable
 
 from google.protobuf.message import DecodeError
 
-from plugin._proto import ttrpc_pb2
-from plugin.ttrpc.errors import Code, ProtocolError
+from nri_gpu.plugin._proto import ttrpc_pb2
+from nri_gpu.plugin.ttrpc.errors import Code, ProtocolError
 
 __all__ = ["decode_request", "decode_response", "encode_request", "encode_response"]
 

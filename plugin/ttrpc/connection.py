@@ -34,8 +34,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any, Self
 
-from plugin.ttrpc.codec import decode_request, decode_response, encode_request, encode_response
-from plugin.ttrpc.errors import (
+from nri_gpu.plugin.ttrpc.codec import decode_request, decode_response, encode_request, encode_response
+from nri_gpu.plugin.ttrpc.errors import (
     Code,
     ConnectionClosed,
     MessageTooLarge,
@@ -43,7 +43,7 @@ from plugin.ttrpc.errors import (
     StatusError,
     TtrpcError,
 )
-from plugin.ttrpc.frames import (
+from nri_gpu.plugin.ttrpc.frames import (
     MAX_MESSAGE,
     Message,
     MessageDecoder,
@@ -51,7 +51,7 @@ from plugin.ttrpc.frames import (
     Oversized,
     encode_message,
 )
-from plugin.ttrpc.mux import Demux, encode_mux
+from nri_gpu.plugin.ttrpc.mux import Demux, encode_mux
 
 __all__ = ["Handler", "InboundRequest", "MuxConnection"]
 

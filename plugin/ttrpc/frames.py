@@ -30,7 +30,7 @@ import struct
 from dataclasses import dataclass
 from enum import IntEnum
 
-from plugin.ttrpc.errors import MessageTooLarge
+from nri_gpu.plugin.ttrpc.errors import MessageTooLarge
 
 __all__ = [
     "HEADER_SIZE",

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import struct
 
-from plugin.ttrpc.errors import ProtocolError
+from nri_gpu.plugin.ttrpc.errors import ProtocolError
 
 __all__ = ["GO_READ_SIZE", "MAX_INBOUND_FRAME", "MUX_HEADER_SIZE", "Demux", "encode_mux"]
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from plugin.hook_install import check_hook
+from nri_gpu.plugin.cli.hook_install import check_hook
 from tests.testbed import debs, images, runtimes
 from tests.testbed.containerd import Containerd, reap_stale
 from tests.testbed.cri import CriClient

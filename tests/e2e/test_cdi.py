@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from engine.cdi import HOOK_TIMEOUT, HOOK_WORK_VERSION
-from plugin.entry import OLD_SPEC_MESSAGE
+from nri_gpu.engine.cdi import HOOK_TIMEOUT, HOOK_WORK_VERSION
+from nri_gpu.plugin.cli.entry import OLD_SPEC_MESSAGE
 from tests.testbed.cri import CriClient, CriError
 from tests.testbed.gpunode import SimNode
 from tests.testbed.images import GLIBC

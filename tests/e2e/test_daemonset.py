@@ -39,7 +39,7 @@ from typing import Any
 import pytest
 import yaml
 
-from plugin.config import Settings, from_toml, parse_address
+from nri_gpu.plugin.config import Settings, from_toml, parse_address
 from tests.testbed import debs, images
 from tests.testbed.bundle import MASKED_PATHS, READONLY_PATHS
 from tests.testbed.cri import CriClient, CriError

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig
-from plugin._proto import nri_pb2 as api
-from plugin.handlers import GpuPlugin
+from nri_gpu.engine.config import EngineConfig
+from nri_gpu.plugin._proto import nri_pb2 as api
+from nri_gpu.plugin.handlers import GpuPlugin
 from tests.testbed.cri import CriClient, CriError, StatusCode
 from tests.testbed.gpunode import SimGpu, SimNode, build_node
 from tests.testbed.images import GLIBC

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.graphics import APP_PROFILE_PATH, app_profile_text
+from nri_gpu.engine.graphics import APP_PROFILE_PATH, app_profile_text
 from tests.testbed import images
 from tests.testbed.cri import CriClient
 from tests.testbed.gpunode import DRM_MAJOR, SimNode

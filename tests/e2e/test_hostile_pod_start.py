@@ -37,11 +37,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.start import find_init_pid, runner
-from plugin._proto import nri_pb2 as api
-from plugin.errors import PluginError
-from plugin.handlers import GpuPlugin
+from nri_gpu.engine.config import EngineConfig
+from nri_gpu.engine.start import find_init_pid, runner
+from nri_gpu.plugin._proto import nri_pb2 as api
+from nri_gpu.plugin.errors import PluginError
+from nri_gpu.plugin.handlers import GpuPlugin
 from tests.integration.startcall import killing_at
 from tests.testbed import hostile, images
 from tests.testbed.cri import CriClient

@@ -17,10 +17,10 @@ import time
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.discover import discover
-from engine.model import MigDevice
-from engine.selection import mig_devices
+from nri_gpu.engine.config import EngineConfig
+from nri_gpu.engine.discover import discover
+from nri_gpu.engine.model import MigDevice
+from nri_gpu.engine.selection import mig_devices
 from tests.testbed.cri import CriClient, CriError
 from tests.testbed.gpunode import CAPS_MAJOR, SimNode, build_node, reconfigure_mig
 from tests.testbed.images import GLIBC

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from plugin._proto import nri_pb2 as api
-from plugin.errors import PluginError
+from nri_gpu.plugin._proto import nri_pb2 as api
+from nri_gpu.plugin.errors import PluginError
 from tests.testbed.cri import CriClient, CriError
 from tests.testbed.gpunode import SimNode, build_node
 from tests.testbed.plugins import ROOT, NriGpuProcess, PluginThread, wait_until
@@ -180,7 +180,9 @@ def test_runtime_launched_plugin_from_the_plugin_directory(
         # and sends the log to a file.
         wrapper = Path(ctrd.nri_plugin_dir) / "10-nri-gpu"
         flags = " ".join(node.flags())
-        wrapper.write_text(f"#!/bin/sh\ncd {ROOT}\nexec {sys.executable} -m plugin run {flags} >>{log} 2>&1\n")
+        wrapper.write_text(
+            f"#!/bin/sh\ncd {ROOT}\nexec {sys.executable} -m nri_gpu.plugin.cli run {flags} >>{log} 2>&1\n"
+        )
         wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
 
     bed = testbed_factory(testbed.version, setup=install)

@@ -33,8 +33,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from plugin.ttrpc.frames import MAX_MESSAGE
-from plugin.ttrpc.mux import GO_READ_SIZE, MAX_INBOUND_FRAME
+from nri_gpu.plugin.ttrpc.frames import MAX_MESSAGE
+from nri_gpu.plugin.ttrpc.mux import GO_READ_SIZE, MAX_INBOUND_FRAME
 
 T = TypeVar("T")
 E = TypeVar("E", bound=BaseException)

@@ -12,11 +12,11 @@ from __future__ import annotations
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from plugin._proto import ttrpc_pb2
-from plugin.ttrpc.codec import decode_request, decode_response, encode_request, encode_response
-from plugin.ttrpc.errors import Code, ProtocolError, TtrpcError
-from plugin.ttrpc.frames import Message, MessageDecoder, MessageType, encode_message
-from plugin.ttrpc.mux import Demux, encode_mux
+from nri_gpu.plugin._proto import ttrpc_pb2
+from nri_gpu.plugin.ttrpc.codec import decode_request, decode_response, encode_request, encode_response
+from nri_gpu.plugin.ttrpc.errors import Code, ProtocolError, TtrpcError
+from nri_gpu.plugin.ttrpc.frames import Message, MessageDecoder, MessageType, encode_message
+from nri_gpu.plugin.ttrpc.mux import Demux, encode_mux
 from tests.fuzz.support import fuzz, mutated, typed, varint
 
 TEXT = st.text(max_size=24)

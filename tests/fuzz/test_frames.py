@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from plugin.ttrpc.errors import TtrpcError
-from plugin.ttrpc.frames import (
+from nri_gpu.plugin.ttrpc.errors import TtrpcError
+from nri_gpu.plugin.ttrpc.frames import (
     HEADER_SIZE,
     MAX_MESSAGE,
     Message,

@@ -13,10 +13,10 @@ import struct
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from engine.errors import DiscoveryError
-from engine.ldcache import NEW_MAGIC, NEW_VERSION, OLD_MAGIC, parse_ld_so_cache, read_ld_so_cache
-from engine.ldcache_merge import encode, merge
-from engine.model import LdCacheEntry
+from nri_gpu.engine.errors import DiscoveryError
+from nri_gpu.engine.ldcache import NEW_MAGIC, NEW_VERSION, OLD_MAGIC, parse_ld_so_cache, read_ld_so_cache
+from nri_gpu.engine.ldcache_merge import encode, merge
+from nri_gpu.engine.model import LdCacheEntry
 from tests.fuzz.support import fuzz, mutated, typed
 
 Spec = tuple[int, bytes, bytes]  # flags, name, path

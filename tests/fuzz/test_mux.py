@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from plugin.ttrpc.errors import ProtocolError
-from plugin.ttrpc.frames import Message, MessageDecoder, MessageType, encode_message
-from plugin.ttrpc.mux import GO_READ_SIZE, MAX_INBOUND_FRAME, Demux, encode_mux
+from nri_gpu.plugin.ttrpc.errors import ProtocolError
+from nri_gpu.plugin.ttrpc.frames import Message, MessageDecoder, MessageType, encode_message
+from nri_gpu.plugin.ttrpc.mux import GO_READ_SIZE, MAX_INBOUND_FRAME, Demux, encode_mux
 from tests.fuzz.support import CUTS, cut, fuzz, mutated, typed
 
 LIMITS = st.sampled_from([MAX_INBOUND_FRAME, 0, 1, 8, 64, GO_READ_SIZE, GO_READ_SIZE + 1])

@@ -13,9 +13,9 @@ import json
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from engine.errors import DiscoveryError
-from engine.model import ComputeInstance, Gpu, GpuInstance, MigCap, MigLayout
-from engine.nvml import MAX_GPUS, MAX_MIG_DEVICES, check_against_procfs, parse_probe_output
+from nri_gpu.engine.errors import DiscoveryError
+from nri_gpu.engine.model import ComputeInstance, Gpu, GpuInstance, MigCap, MigLayout
+from nri_gpu.engine.nvml import MAX_GPUS, MAX_MIG_DEVICES, check_against_procfs, parse_probe_output
 from tests.fuzz.support import fuzz, mutated_text, typed
 
 GPU = "GPU-15ce2c5e-15c5-5d80-3940-b9e8e29b964c"

@@ -11,9 +11,9 @@ from __future__ import annotations
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from engine import migfs
-from engine.errors import DiscoveryError
-from engine.procfs import (
+from nri_gpu.engine import migfs
+from nri_gpu.engine.errors import DiscoveryError
+from nri_gpu.engine.procfs import (
     canonical_bus_id,
     params_with_device_modification_disabled,
     parse_driver_version,

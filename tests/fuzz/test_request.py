@@ -23,11 +23,11 @@ from google.protobuf.message import DecodeError
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from engine.config import Policy
-from engine.errors import RequestError, RequirementError
-from engine.fabric import FEATURE_KINDS, MAX_IMEX_CHANNEL, plan_fabric
-from engine.model import Capability, DeviceNode, Fabric, Feature, Gpu
-from engine.request import (
+from nri_gpu.engine.config import Policy
+from nri_gpu.engine.errors import RequestError, RequirementError
+from nri_gpu.engine.fabric import FEATURE_KINDS, MAX_IMEX_CHANNEL, plan_fabric
+from nri_gpu.engine.model import Capability, DeviceNode, Fabric, Feature, Gpu
+from nri_gpu.engine.request import (
     CONTAINER_ANNOTATION_PREFIX,
     MAX_DEVICES,
     POD_ANNOTATION,
@@ -39,10 +39,10 @@ from engine.request import (
     parse_device_list,
     parse_request,
 )
-from engine.request import may_request as engine_may_request
-from engine.requirements import MAX_MESSAGE, MAX_NOTES, NodeFacts, check
-from plugin._proto import nri_pb2 as api
-from plugin.request import container_info, may_request
+from nri_gpu.engine.request import may_request as engine_may_request
+from nri_gpu.engine.requirements import MAX_MESSAGE, MAX_NOTES, NodeFacts, check
+from nri_gpu.plugin._proto import nri_pb2 as api
+from nri_gpu.plugin.request import container_info, may_request
 from tests.fuzz.support import fuzz, mutated, mutated_text, typed
 
 ENTRIES = st.one_of(

@@ -20,9 +20,9 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from engine.errors import RequirementError
-from engine.model import Gpu
-from engine.requirements import (
+from nri_gpu.engine.errors import RequirementError
+from nri_gpu.engine.model import Gpu
+from nri_gpu.engine.requirements import (
     MAX_MESSAGE,
     MAX_NOTES,
     MAX_VARIABLES,

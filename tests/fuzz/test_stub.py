@@ -26,10 +26,10 @@ from google.protobuf.message import Message as Proto
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from plugin._proto import nri_pb2 as api
-from plugin.config import PluginConfig
-from plugin.stub import _NOTIFICATION_RPCS, HANDLER_NAMES, PLUGIN_SERVICE, Stub, _rpc_name
-from plugin.ttrpc import (
+from nri_gpu.plugin._proto import nri_pb2 as api
+from nri_gpu.plugin.config import PluginConfig
+from nri_gpu.plugin.stub import _NOTIFICATION_RPCS, HANDLER_NAMES, PLUGIN_SERVICE, Stub, _rpc_name
+from nri_gpu.plugin.ttrpc import (
     Code,
     ConnectionClosed,
     InboundRequest,
@@ -45,7 +45,7 @@ from plugin.ttrpc import (
     encode_mux,
     encode_request,
 )
-from plugin.ttrpc.mux import Demux
+from nri_gpu.plugin.ttrpc.mux import Demux
 from tests.fuzz.support import fuzz, hang_guard, mutated, typed
 
 # method -> (request type, reply type), for every RPC the stub routes.
@@ -204,7 +204,7 @@ class ErrorLog(logging.Handler):
 @contextmanager
 def error_log() -> Iterator[ErrorLog]:
     handler = ErrorLog()
-    logger = logging.getLogger("plugin")
+    logger = logging.getLogger("nri_gpu.plugin")
     logger.addHandler(handler)
     try:
         yield handler

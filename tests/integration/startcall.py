@@ -15,7 +15,7 @@ import signal
 import time
 from collections.abc import Callable
 
-from engine.start import StartWork, runner
+from nri_gpu.engine.start import StartWork, runner
 
 __all__ = ["killing_at", "run_start"]
 

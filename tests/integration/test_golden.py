@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from engine.cdi import cdi_spec
-from engine.errors import EngineError
-from engine.model import DEFAULT_CAPABILITIES, Capability
-from engine.report import inventory_to_dict, plan_to_dict
+from nri_gpu.engine.cdi import cdi_spec
+from nri_gpu.engine.errors import EngineError
+from nri_gpu.engine.model import DEFAULT_CAPABILITIES, Capability
+from nri_gpu.engine.report import inventory_to_dict, plan_to_dict
 from tests.unit.engine import golden
 from tests.unit.engine.test_cdi import GOLDEN as CDI_GOLDEN
 from tests.unit.engine.test_cdi import HOOK, _node, assert_the_hook_takes_its_work

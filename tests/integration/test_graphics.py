@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from engine import catalogue
-from engine.discover import discover
-from engine.errors import EngineError
-from engine.graphics import APP_PROFILE_PATH, app_profile_text
-from engine.model import Capability as C
-from engine.model import DeviceKind, FileKind
-from engine.report import plan_text, plan_to_dict
+from nri_gpu.engine import catalogue
+from nri_gpu.engine.discover import discover
+from nri_gpu.engine.errors import EngineError
+from nri_gpu.engine.graphics import APP_PROFILE_PATH, app_profile_text
+from nri_gpu.engine.model import Capability as C
+from nri_gpu.engine.model import DeviceKind, FileKind
+from nri_gpu.engine.report import plan_text, plan_to_dict
 from tests.testbed.gpunode import DRM_MAJOR, SimNode
 from tests.unit.engine import golden
 from tests.unit.engine.test_plan import GOLDEN, Node, _normalize, cuda_12_4
@@ -212,8 +212,8 @@ def test_golden(scenario: str, tmp_path: Path) -> None:
 
 
 def test_a_cdi_spec_with_graphics_gives_each_gpu_its_drm_nodes(four: Node) -> None:
-    from engine.cdi import cdi_spec, hook_command
-    from engine.model import DEFAULT_CAPABILITIES
+    from nri_gpu.engine.cdi import cdi_spec, hook_command
+    from nri_gpu.engine.model import DEFAULT_CAPABILITIES
 
     hook = hook_command("/usr/bin/nri-gpu-hook")
     works: list[dict[str, Any]] = []
@@ -241,9 +241,9 @@ def test_drm_nodes_keep_the_host_nodes_group_in_the_container_and_the_cdi_spec(t
     """Host render nodes are often root:render 0660: a container's non-root user in
     that group can open them only if the container's node has the same group, as a
     runtime copying the host's node (the toolkit's CDI) gives it."""
-    from engine.cdi import cdi_spec, hook_command
-    from plugin._proto import nri_pb2 as api
-    from plugin.adjustment import to_adjustment
+    from nri_gpu.engine.cdi import cdi_spec, hook_command
+    from nri_gpu.plugin._proto import nri_pb2 as api
+    from nri_gpu.plugin.adjustment import to_adjustment
 
     node = Node(tmp_path / "node", gpus=1, real=True)
     card, render = (node.sim.dev_root / "dev" / rel for rel, *_ in node.sim.drm_nodes(node.sim.gpus[0]))

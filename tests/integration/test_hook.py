@@ -45,15 +45,15 @@ from typing import Any
 
 import pytest
 
-from engine.cdi import HOOK_TIME_LIMIT, HOOK_WORK_VERSION, cdi_spec, hook_command, hook_work
-from engine.config import EngineConfig, LdCache, Policy
-from engine.discover import discover
-from engine.graphics import APP_PROFILE_PATH
-from engine.ldcache import parse_ld_so_cache
-from engine.model import DEFAULT_CAPABILITIES, Capability, Inventory, NvmlSnapshot, Plan
-from engine.plan import plan as make_plan
-from engine.request import ByIndex, ByMigPlacement, GpuRequest, Selection
-from engine.start import StartWork, start_work
+from nri_gpu.engine.cdi import HOOK_TIME_LIMIT, HOOK_WORK_VERSION, cdi_spec, hook_command, hook_work
+from nri_gpu.engine.config import EngineConfig, LdCache, Policy
+from nri_gpu.engine.discover import discover
+from nri_gpu.engine.graphics import APP_PROFILE_PATH
+from nri_gpu.engine.ldcache import parse_ld_so_cache
+from nri_gpu.engine.model import DEFAULT_CAPABILITIES, Capability, Inventory, NvmlSnapshot, Plan
+from nri_gpu.engine.plan import plan as make_plan
+from nri_gpu.engine.request import ByIndex, ByMigPlacement, GpuRequest, Selection
+from nri_gpu.engine.start import StartWork, start_work
 from tests.integration import hookrun
 from tests.integration.hookrun import Bundle, Result, Spec, call, comparable, run_hook, tree_of_container
 from tests.integration.startcall import run_start

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.ldcache import parse_ld_so_cache
+from nri_gpu.engine.ldcache import parse_ld_so_cache
 from tests.testbed import ldcaches
 from tests.testbed.debs import DebUnavailable
 from tests.unit.engine.test_ldcache import _PRINTED_TYPE, rows

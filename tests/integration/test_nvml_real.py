@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import nvml
-from engine.discover import discover
-from engine.nvml import read_nvml
+from nri_gpu.engine import nvml
+from nri_gpu.engine.discover import discover
+from nri_gpu.engine.nvml import read_nvml
 from tests.testbed import nvmlsim
 from tests.testbed.gpunode import LIB64, SimNode, build_node, driver_tree
 from tests.unit.engine.test_discover_nvml import config_for, no_cuda

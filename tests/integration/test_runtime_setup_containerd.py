@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import tomlkit
 
-from plugin.runtime_setup import NRI_TABLE, backup_path
+from nri_gpu.plugin.cli.runtime_setup import NRI_TABLE, backup_path
 from tests.testbed import debs, runtimes
 from tests.unit.plugin.test_runtime_setup import HAND_WRITTEN, cli, files
 

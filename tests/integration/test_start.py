@@ -34,15 +34,15 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.discover import discover
-from engine.errors import StartError
-from engine.ldcache import LdCache, parse_ld_so_cache
-from engine.ldcache_merge import encode
-from engine.model import LdCacheEntry, Plan, Symlink
-from engine.plan import plan as make_plan
-from engine.request import ContainerInfo, parse_request
-from engine.start import (
+from nri_gpu.engine.config import EngineConfig
+from nri_gpu.engine.discover import discover
+from nri_gpu.engine.errors import StartError
+from nri_gpu.engine.ldcache import LdCache, parse_ld_so_cache
+from nri_gpu.engine.ldcache_merge import encode
+from nri_gpu.engine.model import LdCacheEntry, Plan, Symlink
+from nri_gpu.engine.plan import plan as make_plan
+from nri_gpu.engine.request import ContainerInfo, parse_request
+from nri_gpu.engine.start import (
     StartReport,
     StartWork,
     actions,
@@ -52,7 +52,7 @@ from engine.start import (
     start_work,
     syscalls,
 )
-from engine.start.rootdir import RootDir
+from nri_gpu.engine.start.rootdir import RootDir
 from tests.integration.startcall import killing_at, run_start
 from tests.testbed import debs
 from tests.testbed.bundle import Container, RuncHost, busybox_rootfs

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.ldcache import parse_ld_so_cache
-from engine.model import Plan
-from engine.start import StartWork
+from nri_gpu.engine.ldcache import parse_ld_so_cache
+from nri_gpu.engine.model import Plan
+from nri_gpu.engine.start import StartWork
 from tests.integration.test_start import LIB, _cannot_run, gcc, node, plan, runc, start, work  # noqa: F401
 from tests.testbed import debs
 from tests.testbed.bundle import RuncHost

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import StartError
-from engine.model import Plan
-from engine.start import StartWork, start_work
+from nri_gpu.engine.errors import StartError
+from nri_gpu.engine.model import Plan
+from nri_gpu.engine.start import StartWork, start_work
 from tests.integration.startcall import run_start
 from tests.integration.test_start import WHO, _attach, _cannot_run, mounts, start
 from tests.testbed import debs

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import StartError
-from engine.model import Plan
-from engine.start import StartWork, run_start_async, runner
+from nri_gpu.engine.errors import StartError
+from nri_gpu.engine.model import Plan
+from nri_gpu.engine.start import StartWork, run_start_async, runner
 from tests.integration.test_start import (  # noqa: F401  (fixtures)
     _cannot_run,
     _running,

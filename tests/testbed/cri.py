@@ -40,7 +40,7 @@ from pathlib import Path
 from types import ModuleType, TracebackType
 from typing import Any
 
-from plugin.ttrpc.errors import Code as StatusCode  # gRPC's codes, by the same names: ttrpc reuses them
+from nri_gpu.plugin.ttrpc.errors import Code as StatusCode  # gRPC's codes, by the same names: ttrpc reuses them
 
 from . import debs
 from .cache import cache_dir, locked

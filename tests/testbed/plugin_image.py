@@ -3,8 +3,8 @@
 What a DaemonSet runs: Debian bookworm's Python 3.11 run time from its .debs, glibc
 (with the static ``/sbin/ldconfig`` the plugin runs for GPU containers, engine.ldconfig's
 default), busybox for a shell, the pure-Python wheels of ``protobuf``, ``prometheus_client``
-and ``tomlkit`` and the project's ``plugin`` and ``engine`` packages under ``/opt/nri-gpu``. The
-entrypoint is ``python3.11 -m plugin run``.
+and ``tomlkit`` and the project's ``plugin`` and ``engine`` folders as the ``nri_gpu.plugin`` and ``nri_gpu.engine`` packages under ``/opt/nri-gpu/nri_gpu``. The
+entrypoint is ``python3.11 -m nri_gpu.plugin.cli run``.
 
 Python's .debs are taken whole except for what a daemon never imports (the test
 suite, idlelib, tkinter, lib2to3, ensurepip, the C extension test modules). Only the
@@ -247,7 +247,7 @@ def _build_layer(debs: list[Deb], wheels: list[Path]) -> _Layer:
         _add_wheel(layer, wheel)
     for path in source_files():
         rel = path.relative_to(ROOT).as_posix()
-        layer.file(f"{INSTALL_DIR}/{rel}", path.read_bytes(), 0o644)
+        layer.file(f"{INSTALL_DIR}/nri_gpu/{rel}", path.read_bytes(), 0o644)
     layer.dir("var/run/nri")
     return layer
 
@@ -279,7 +279,7 @@ def manifest_text(image: Image, debs: list[Deb], wheels: list[Path]) -> str:
 
 CONFIG = {
     "Env": [_PATH, f"PYTHONPATH={INSTALL_DIR}", "PYTHONUNBUFFERED=1", "PYTHONDONTWRITEBYTECODE=1"],
-    "Entrypoint": ["python3.11", "-m", "plugin", "run"],
+    "Entrypoint": ["python3.11", "-m", "nri_gpu.plugin.cli", "run"],
     "WorkingDir": INSTALL_DIR,
     "Labels": {"org.opencontainers.image.title": "nri-gpu"},
 }

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from plugin.config import PluginConfig
-from plugin.stub import Stub
+from nri_gpu.plugin.config import PluginConfig
+from nri_gpu.plugin.stub import Stub
 
-ROOT = Path(__file__).resolve().parents[2]  # the checkout: where `python -m plugin` runs
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: where `python -m nri_gpu.plugin.cli` runs
 
 
 # This checkout's nri-gpu (beside the running interpreter): what writes a CDI spec.
@@ -96,7 +96,17 @@ class NriGpuProcess:
 
     def __init__(self, socket: Path, log_path: Path, *extra: str) -> None:
         self.log_path = log_path
-        self.argv = [sys.executable, "-m", "plugin", "run", "--socket", str(socket), "--log-level", "debug", *extra]
+        self.argv = [
+            sys.executable,
+            "-m",
+            "nri_gpu.plugin.cli",
+            "run",
+            "--socket",
+            str(socket),
+            "--log-level",
+            "debug",
+            *extra,
+        ]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 15.0) -> NriGpuProcess:

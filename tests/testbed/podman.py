@@ -44,7 +44,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from plugin.cdi_conflicts import conflicts
+from nri_gpu.plugin.cli.cdi_conflicts import conflicts
 
 from . import debs, relink, runtimes
 from .cache import cache_dir
@@ -290,7 +290,7 @@ class SpecFolderTaken(Exception):
 def shared_spec_path(tag: str = "") -> Iterator[Path]:
     """A path in CDI_DIR for a spec of ours, held under the lock while the caller uses
     it; the file (and the folder, if made here) removed at the end. Raises
-    SpecFolderTaken naming the other specs (found by ``plugin.cdi_conflicts``, bounded)."""
+    SpecFolderTaken naming the other specs (found by ``nri_gpu.plugin.cli.cdi_conflicts``, bounded)."""
     with open(cache_dir() / ".podman-cdi.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         path = CDI_DIR / f"{SPEC_PREFIX}{tag}{os.getpid()}.json"

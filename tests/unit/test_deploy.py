@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 import yaml
 
-from engine.config import Policy, policy_from_mapping
-from plugin import node_setup
-from plugin.__main__ import build_parser
-from plugin.config import Settings, from_toml, parse_address
-from plugin.config_doc import OPTIONS
-from plugin.logfmt import DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL, LOG_FORMATS, LOG_LEVELS
+from nri_gpu.engine.config import Policy, policy_from_mapping
+from nri_gpu.plugin.cli import node_setup
+from nri_gpu.plugin.cli.__main__ import build_parser
+from nri_gpu.plugin.cli.config_doc import OPTIONS
+from nri_gpu.plugin.config import Settings, from_toml, parse_address
+from nri_gpu.plugin.logfmt import DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL, LOG_FORMATS, LOG_LEVELS
 from tests import plain_manifests
 from tests.helm_render import TemplateError, load_chart, render_chart
 from tests.testbed import images, plugin_image
@@ -199,7 +199,9 @@ def test_dockerfile_copies_the_packages_to_the_install_dir(dockerfile: list[Inst
         for i in _stage(dockerfile, "rootfs")
         if i.op == "COPY" and "/rootfs/" in i.value and "--from" not in i.value
     ]
-    assert copies == [[package, f"/rootfs{plugin_image.INSTALL_DIR}/{package}"] for package in plugin_image.PACKAGES]
+    assert copies == [
+        [package, f"/rootfs{plugin_image.INSTALL_DIR}/nri_gpu/{package}"] for package in plugin_image.PACKAGES
+    ]
     cleanup = _run_text(dockerfile, "rootfs")
     assert "-name __pycache__" in cleanup and "-name '*.pyc' -delete" in cleanup  # as source_files() skips them
 
@@ -280,7 +282,7 @@ def test_daemonset_args_are_flags_nri_gpu_run_accepts(
     plain: dict[str, dict[str, Any]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     container = _container(plain)
-    assert "command" not in container  # the image's entrypoint, `python3.11 -m plugin run`
+    assert "command" not in container  # the image's entrypoint, `python3.11 -m nri_gpu.plugin.cli run`
     args = container["args"]
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--help"])
@@ -427,7 +429,7 @@ def test_node_setup_init_container_sets_up_the_runtime_the_plugin_talks_to(plain
     assert init["image"] == _container(plain)["image"] and init["command"] == [
         "python3.11",
         "-m",
-        "plugin",
+        "nri_gpu.plugin.cli",
         "node-setup",
     ]
     args = build_parser().parse_args(["node-setup", *init["args"]])

@@ -31,7 +31,7 @@ def test_the_cache_is_the_real_ldconfigs_and_leads_to_the_fixtures_libraries(tre
 
 
 def test_the_driver_has_each_capabilitys_library_and_libcuda_answers_the_cuda_probe() -> None:
-    from engine.discover import _read_cuda_version
+    from nri_gpu.engine.discover import _read_cuda_version
 
     names = {p.name for p in (FIXTURE_DRIVER / LIB64).iterdir()}
     for soname in ("libcuda.so.1", "libnvidia-ml.so.1", "libnvidia-encode.so.1", "libGLX_nvidia.so.0"):

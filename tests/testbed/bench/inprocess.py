@@ -23,16 +23,16 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from engine.config import EngineConfig
-from engine.discover import InventoryCache
-from engine.plan import plan as make_plan
-from engine.request import parse_request
-from engine.start.work import StartWork
-from plugin._proto import nri_pb2 as api
-from plugin.adjustment import to_adjustment
-from plugin.handlers import GpuPlugin
-from plugin.logfmt import JsonFormatter
-from plugin.request import container_info, may_request
+from nri_gpu.engine.config import EngineConfig
+from nri_gpu.engine.discover import InventoryCache
+from nri_gpu.engine.plan import plan as make_plan
+from nri_gpu.engine.request import parse_request
+from nri_gpu.engine.start.work import StartWork
+from nri_gpu.plugin._proto import nri_pb2 as api
+from nri_gpu.plugin.adjustment import to_adjustment
+from nri_gpu.plugin.handlers import GpuPlugin
+from nri_gpu.plugin.logfmt import JsonFormatter
+from nri_gpu.plugin.request import container_info, may_request
 from tests.testbed.gpunode import SimNode
 
 from .session import VARIANTS
@@ -84,7 +84,7 @@ def _plugin(node: SimNode) -> tuple[GpuPlugin, EngineConfig, InventoryCache]:
 def _json_log_to_devnull() -> Callable[[], None]:
     """Make plugin.handlers log as ``nri-gpu run --log-format json`` does, into /dev/null;
     returns the undo."""
-    logger = logging.getLogger("plugin.handlers")
+    logger = logging.getLogger("nri_gpu.plugin.handlers")
     sink = open(os.devnull, "w")  # closed by the undo
     handler = logging.StreamHandler(sink)
     handler.setFormatter(JsonFormatter())
@@ -111,7 +111,7 @@ def _split_once(
     times: dict[str, list[float]],
 ) -> None:
     """One CreateContainer, step by step, then whole (without and with its log line)."""
-    clock, policy, handlers_log = time.perf_counter, config.policy, logging.getLogger("plugin.handlers")
+    clock, policy, handlers_log = time.perf_counter, config.policy, logging.getLogger("nri_gpu.plugin.handlers")
     t0 = clock()
     wanted = may_request(pod, ctr, policy)
     t1 = clock()

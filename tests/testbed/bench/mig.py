@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.config import EngineConfig
-from engine.discover import InventoryCache, discover
-from engine.nvml import read_nvml
-from engine.selection import mig_devices
-from plugin.handlers import GpuPlugin
+from nri_gpu.engine.config import EngineConfig
+from nri_gpu.engine.discover import InventoryCache, discover
+from nri_gpu.engine.nvml import read_nvml
+from nri_gpu.engine.selection import mig_devices
+from nri_gpu.plugin.handlers import GpuPlugin
 from tests.testbed.gpunode import MigSpec, build_node
 
 from .inprocess import _drive, _json_log_to_devnull, _messages, _no_start
@@ -83,7 +83,7 @@ def measure_mig(workdir: Path, iterations: int, probe_runs: int = 20) -> dict[st
         began = time.perf_counter()
         discover(config)
         with_probe.append((time.perf_counter() - began) * 1000)
-        quiet = logging.getLogger("engine.discover")
+        quiet = logging.getLogger("nri_gpu.engine.discover")
         quiet.disabled = True  # its warning that NVML was not asked, 20 times over
         try:
             began = time.perf_counter()

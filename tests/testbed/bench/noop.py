@@ -17,9 +17,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from plugin._proto import nri_pb2 as api
-from plugin.config import PluginConfig
-from plugin.stub import Stub
+from nri_gpu.plugin._proto import nri_pb2 as api
+from nri_gpu.plugin.config import PluginConfig
+from nri_gpu.plugin.stub import Stub
 
 __all__ = ["NoopPlugin", "main"]
 

@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config import EngineConfig
-from engine.discover import discover
-from engine.plan import plan as make_plan
-from engine.request import ContainerInfo, parse_request
+from nri_gpu.engine.config import EngineConfig
+from nri_gpu.engine.discover import discover
+from nri_gpu.engine.plan import plan as make_plan
+from nri_gpu.engine.request import ContainerInfo, parse_request
 from tests.testbed import images
 from tests.testbed.containerd import Containerd
 from tests.testbed.cri import CriClient, CriError

@@ -4,8 +4,8 @@ import doctest
 
 import pytest
 
-from engine import catalogue
-from engine.model import Capability as C
+from nri_gpu.engine import catalogue
+from nri_gpu.engine.model import Capability as C
 
 
 @pytest.mark.parametrize(

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from engine.catalogue import IPC_TYPES
-from engine.cdi import (
+from nri_gpu.engine.catalogue import IPC_TYPES
+from nri_gpu.engine.cdi import (
     HOOK_ENV,
     HOOK_TIME_LIMIT,
     HOOK_TIMEOUT,
@@ -33,13 +33,13 @@ from engine.cdi import (
     hook_command,
     hook_work,
 )
-from engine.config import EngineConfig, LdCache, Policy
-from engine.discover import discover
-from engine.errors import DiscoveryError
-from engine.model import DEFAULT_CAPABILITIES, Capability, Inventory
-from engine.plan import plan
-from engine.request import ByIndex, GpuRequest, Selection
-from engine.start.work import start_work
+from nri_gpu.engine.config import EngineConfig, LdCache, Policy
+from nri_gpu.engine.discover import discover
+from nri_gpu.engine.errors import DiscoveryError
+from nri_gpu.engine.model import DEFAULT_CAPABILITIES, Capability, Inventory
+from nri_gpu.engine.plan import plan
+from nri_gpu.engine.request import ByIndex, GpuRequest, Selection
+from nri_gpu.engine.start.work import start_work
 from tests.testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, FIXTURE_NO_DRIVER, SimNode, build_node
 from tests.testbed.plugins import NRI_GPU_HOOK
 

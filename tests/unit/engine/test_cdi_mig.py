@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from engine.cdi import cdi_spec, hook_work, named_mig_devices, spec_warnings
-from engine.config import EngineConfig
-from engine.discover import discover
-from engine.model import (
+from nri_gpu.engine.cdi import cdi_spec, hook_work, named_mig_devices, spec_warnings
+from nri_gpu.engine.config import EngineConfig
+from nri_gpu.engine.discover import discover
+from nri_gpu.engine.model import (
     DEFAULT_CAPABILITIES,
     DeviceKind,
     Inventory,
@@ -26,8 +26,8 @@ from engine.model import (
     NvmlMigDevice,
     NvmlSnapshot,
 )
-from engine.plan import plan
-from engine.request import ByMigPlacement, GpuRequest, Selection
+from nri_gpu.engine.plan import plan
+from nri_gpu.engine.request import ByMigPlacement, GpuRequest, Selection
 from tests.testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, SimNode, build_node, cap_minor
 from tests.unit.engine.test_cdi import HOOK, assert_the_hook_takes_its_work, spec_work
 

@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
-from engine.cudacompat import candidate, decide, library_key, looks_like_library, parse_note, version_fields
-from engine.start import compat, elf
-from engine.start.rootdir import RootDir
+from nri_gpu.engine.cudacompat import candidate, decide, library_key, looks_like_library, parse_note, version_fields
+from nri_gpu.engine.start import compat, elf
+from nri_gpu.engine.start.rootdir import RootDir
 from tests.unit.engine import golden
 from tests.unit.engine.test_cudacompat import CASES, run
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfigError, Policy, policy_from_mapping
-from engine.cudacompat import Decision, candidate, decide, library_key, parse_note
+from nri_gpu.engine.config import EngineConfigError, Policy, policy_from_mapping
+from nri_gpu.engine.cudacompat import Decision, candidate, decide, library_key, parse_note
 from tests.unit.engine import golden
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "cuda-compat.json"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.discover import FABRIC_LIMIT, discover, fingerprint
-from engine.model import DeviceKind, Inventory
+from nri_gpu.engine.config import EngineConfig
+from nri_gpu.engine.discover import FABRIC_LIMIT, discover, fingerprint
+from nri_gpu.engine.model import DeviceKind, Inventory
 from tests.testbed.gpunode import FABRIC_NODES, FIXTURE_DRIVER, FS_MAJOR, IMEX_MAJOR, SimNode, build_node
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.discover import InventoryCache, discover
-from engine.model import Inventory, MigDevice, NvmlGpu, NvmlMigDevice, NvmlSnapshot, Plan
-from engine.report import inventory_text, inventory_to_dict, plan_text, plan_to_dict
+from nri_gpu.engine.config import EngineConfig
+from nri_gpu.engine.discover import InventoryCache, discover
+from nri_gpu.engine.model import Inventory, MigDevice, NvmlGpu, NvmlMigDevice, NvmlSnapshot, Plan
+from nri_gpu.engine.report import inventory_text, inventory_to_dict, plan_text, plan_to_dict
 from tests.testbed.gpunode import (
     FIXTURE_DRIVER,
     LIB64,

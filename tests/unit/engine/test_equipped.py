@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig, Policy, from_tables
-from engine.discover import discover
-from engine.equipped import Source, cdi_names, completion, conflict, equipped, nvidia_nri_annotation
-from engine.errors import EngineError
-from engine.model import Capability, Inventory, Plan
-from engine.plan import plan
-from engine.report import plan_to_dict
-from engine.request import ContainerInfo, parse_request
+from nri_gpu.engine.config import EngineConfig, Policy, from_tables
+from nri_gpu.engine.discover import discover
+from nri_gpu.engine.equipped import Source, cdi_names, completion, conflict, equipped, nvidia_nri_annotation
+from nri_gpu.engine.errors import EngineError
+from nri_gpu.engine.model import Capability, Inventory, Plan
+from nri_gpu.engine.plan import plan
+from nri_gpu.engine.report import plan_to_dict
+from nri_gpu.engine.request import ContainerInfo, parse_request
 from tests.testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, SimNode, build_node, cap_minor
 from tests.unit.engine import golden
 

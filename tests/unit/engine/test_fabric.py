@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from engine import fabric as fabric_module
-from engine.config import Policy
-from engine.errors import RequestError
-from engine.fabric import MAX_IMEX_CHANNEL, FabricRequest, plan_fabric
-from engine.model import DeviceKind, DeviceNode, Fabric, Feature
-from engine.request import (
+from nri_gpu.engine import fabric as fabric_module
+from nri_gpu.engine.config import Policy
+from nri_gpu.engine.errors import RequestError
+from nri_gpu.engine.fabric import MAX_IMEX_CHANNEL, FabricRequest, plan_fabric
+from nri_gpu.engine.model import DeviceKind, DeviceNode, Fabric, Feature
+from nri_gpu.engine.request import (
     MAX_LIST_ENTRIES,
     MAX_VALUE_LENGTH,
     POD_ANNOTATION,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import engine
+from nri_gpu import engine
 
 ROOT = Path(__file__).parents[3]
 

@@ -29,10 +29,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import ldcache
-from engine.errors import DiscoveryError
-from engine.ldcache import MAX_STRING, NEW_MAGIC, OLD_MAGIC, is_64bit_flags, parse_ld_so_cache
-from engine.model import LdCacheEntry
+from nri_gpu.engine import ldcache
+from nri_gpu.engine.errors import DiscoveryError
+from nri_gpu.engine.ldcache import MAX_STRING, NEW_MAGIC, OLD_MAGIC, is_64bit_flags, parse_ld_so_cache
+from nri_gpu.engine.model import LdCacheEntry
 
 LDCONFIG = shutil.which("ldconfig") or shutil.which("ldconfig", path="/usr/sbin:/sbin")
 HOST_CACHE = Path("/etc/ld.so.cache")

@@ -21,7 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.ldcache import (
+from nri_gpu.engine.ldcache import (
     HWCAP_EXTENSION,
     LdCache,
     LdCacheLimit,
@@ -29,8 +29,8 @@ from engine.ldcache import (
     is_hwcaps_entry,
     read_ld_so_cache,
 )
-from engine.ldcache_merge import GENERATOR, encode, libcmp, merge, sorted_like_ldconfig
-from engine.model import LdCacheEntry
+from nri_gpu.engine.ldcache_merge import GENERATOR, encode, libcmp, merge, sorted_like_ldconfig
+from nri_gpu.engine.model import LdCacheEntry
 
 HOST_CACHE = Path("/etc/ld.so.cache")
 X86_64 = 0x0303

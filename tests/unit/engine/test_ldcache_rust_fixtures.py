@@ -37,8 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import DiscoveryError
-from engine.ldcache import (
+from nri_gpu.engine.errors import DiscoveryError
+from nri_gpu.engine.ldcache import (
     EXTENSION_MAGIC,
     EXTENSION_TAG_GENERATOR,
     EXTENSION_TAG_HWCAPS,
@@ -53,11 +53,11 @@ from engine.ldcache import (
     is_64bit_flags,
     read_ld_so_cache,
 )
-from engine.ldcache_merge import sorted_like_ldconfig
-from engine.model import LdCacheEntry
-from engine.start import ldconfig
-from engine.start.rootdir import RootDir
-from engine.start.work import WorkError
+from nri_gpu.engine.ldcache_merge import sorted_like_ldconfig
+from nri_gpu.engine.model import LdCacheEntry
+from nri_gpu.engine.start import ldconfig
+from nri_gpu.engine.start.rootdir import RootDir
+from nri_gpu.engine.start.work import WorkError
 from tests.unit.engine import golden
 
 REPO = Path(__file__).resolve().parents[3]

@@ -6,9 +6,9 @@ import doctest
 
 import pytest
 
-from engine import migfs
-from engine.errors import DiscoveryError
-from engine.migfs import CapFile, parse_cap_file
+from nri_gpu.engine import migfs
+from nri_gpu.engine.errors import DiscoveryError
+from nri_gpu.engine.migfs import CapFile, parse_cap_file
 from tests.testbed.gpunode import cap_minor
 
 # Byte for byte what the driver prints: "%s: %d\n" for each of the three keys.

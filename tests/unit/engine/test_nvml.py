@@ -13,9 +13,18 @@ from typing import Any
 
 import pytest
 
-from engine import nvml
-from engine.model import ComputeInstance, Gpu, GpuInstance, MigCap, MigLayout, NvmlGpu, NvmlMigDevice, NvmlSnapshot
-from engine.nvml import NvmlError, check_against_procfs, parse_probe_output, read_nvml
+from nri_gpu.engine import nvml
+from nri_gpu.engine.model import (
+    ComputeInstance,
+    Gpu,
+    GpuInstance,
+    MigCap,
+    MigLayout,
+    NvmlGpu,
+    NvmlMigDevice,
+    NvmlSnapshot,
+)
+from nri_gpu.engine.nvml import NvmlError, check_against_procfs, parse_probe_output, read_nvml
 from tests.testbed.gpunode import FIXTURE_DRIVER, LIB64, SimNode, build_node, set_nvml_behaviour
 
 UUID0 = "GPU-15ce2c5e-15c5-5d80-3940-b9e8e29b964c"
@@ -251,7 +260,7 @@ def test_the_probe_s_output_is_read_only_up_to_its_limit() -> None:
     limit, then the child's whole group is killed (``communicate`` held it all)."""
     import sys
 
-    from engine.nvml import bounded_output
+    from nri_gpu.engine.nvml import bounded_output
 
     for stream in ("stdout", "stderr"):
         proc = subprocess.Popen(

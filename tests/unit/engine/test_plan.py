@@ -21,13 +21,13 @@ from typing import Any
 
 import pytest
 
-from engine.config import EngineConfig, Policy, from_tables
-from engine.discover import discover
-from engine.errors import EngineError, RequestError, RequirementError, UnknownDeviceError
-from engine.model import Capability, DriverFile, FileKind, Inventory
-from engine.plan import IPC_OPTIONS, plan
-from engine.report import plan_to_dict
-from engine.request import ContainerInfo, parse_request
+from nri_gpu.engine.config import EngineConfig, Policy, from_tables
+from nri_gpu.engine.discover import discover
+from nri_gpu.engine.errors import EngineError, RequestError, RequirementError, UnknownDeviceError
+from nri_gpu.engine.model import Capability, DriverFile, FileKind, Inventory
+from nri_gpu.engine.plan import IPC_OPTIONS, plan
+from nri_gpu.engine.report import plan_to_dict
+from nri_gpu.engine.request import ContainerInfo, parse_request
 from tests.testbed.gpunode import FIXTURE_DRIVER, FIXTURE_NO_DRIVER, SimNode, build_node
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"

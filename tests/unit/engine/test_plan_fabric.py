@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.errors import RequestError
-from engine.model import DeviceKind, Feature
-from engine.report import plan_text, plan_to_dict
+from nri_gpu.engine.config import EngineConfig
+from nri_gpu.engine.errors import RequestError
+from nri_gpu.engine.model import DeviceKind, Feature
+from nri_gpu.engine.report import plan_text, plan_to_dict
 from tests.testbed.gpunode import FS_MAJOR, IMEX_MAJOR, NVSWITCH_MAJOR, UVERBS_MAJOR
 from tests.unit.engine.test_plan import Node
 
@@ -101,7 +101,7 @@ def test_a_smaller_channel_count_from_params_is_honoured(tmp_path: Path) -> None
     params.write_text(params.read_text().replace("ImexChannelCount: 2048", "ImexChannelCount: 4"))
     again = Node.__new__(Node)
     again.sim, again.config = node.sim, node.config
-    from engine.discover import discover
+    from nri_gpu.engine.discover import discover
 
     again.inventory = discover(node.config, cuda_version=lambda path: ("12.4", None))
     assert again.inventory.fabric.imex_channel_count == 4

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from engine.config import EngineConfig, Policy
-from engine.discover import discover
-from engine.errors import RequestError, UnknownDeviceError
-from engine.model import DeviceKind, Gpu, Inventory, NvmlGpu, NvmlMigDevice, NvmlSnapshot, Plan
-from engine.plan import plan
-from engine.request import ContainerInfo, parse_request
-from engine.selection import UnknownMigDeviceError
+from nri_gpu.engine.config import EngineConfig, Policy
+from nri_gpu.engine.discover import discover
+from nri_gpu.engine.errors import RequestError, UnknownDeviceError
+from nri_gpu.engine.model import DeviceKind, Gpu, Inventory, NvmlGpu, NvmlMigDevice, NvmlSnapshot, Plan
+from nri_gpu.engine.plan import plan
+from nri_gpu.engine.request import ContainerInfo, parse_request
+from nri_gpu.engine.selection import UnknownMigDeviceError
 from tests.testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, SimNode, build_node, cap_minor
 
 # GPU index -> (gi, (ci, ...)): GPU 1 in MIG mode with no instances; GPU 2 with a

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.errors import DiscoveryError
-from engine.procfs import (
+from nri_gpu.engine.errors import DiscoveryError
+from nri_gpu.engine.procfs import (
     GpuInformation,
     canonical_bus_id,
     nvidia_major,

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import request as request_module
-from engine.config import Policy
-from engine.errors import RequestError
-from engine.model import ALL_CAPABILITIES, DEFAULT_CAPABILITIES, Capability
-from engine.request import (
+from nri_gpu.engine import request as request_module
+from nri_gpu.engine.config import Policy
+from nri_gpu.engine.errors import RequestError
+from nri_gpu.engine.model import ALL_CAPABILITIES, DEFAULT_CAPABILITIES, Capability
+from nri_gpu.engine.request import (
     CONTAINER_ANNOTATION_PREFIX,
     MAX_LIST_ENTRIES,
     MAX_VALUE_LENGTH,
@@ -34,7 +34,7 @@ from engine.request import (
     parse_device_list,
     parse_request,
 )
-from engine.requirements import MAX_VARIABLES
+from nri_gpu.engine.requirements import MAX_VARIABLES
 
 C = Capability
 UUID = "GPU-8e9f1a2b-3c4d-5e6f-7a8b-9c0d1e2f3a4b"

@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import requirements
-from engine.errors import RequirementError
-from engine.model import Gpu
-from engine.requirements import (
+from nri_gpu.engine import requirements
+from nri_gpu.engine.errors import RequirementError
+from nri_gpu.engine.model import Gpu
+from nri_gpu.engine.requirements import (
     MAX_ALTERNATIVES,
     MAX_CONDITION_LENGTH,
     MAX_CONDITIONS,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import DiscoveryError
-from engine.model import EntryType
-from engine.root import Root
+from nri_gpu.engine.errors import DiscoveryError
+from nri_gpu.engine.model import EntryType
+from nri_gpu.engine.root import Root
 
 
 @pytest.fixture
@@ -94,9 +94,9 @@ def test_resolve_always_gives_a_clean_path_inside_the_root(tree: Path, path: str
 
 _MOUNTED_ENTRY = """
 import subprocess, sys
-from engine.errors import DiscoveryError
-from engine.model import EntryType
-from engine.root import Root
+from nri_gpu.engine.errors import DiscoveryError
+from nri_gpu.engine.model import EntryType
+from nri_gpu.engine.root import Root
 root, where = sys.argv[1:]
 # What a FUSE file system a local user mounts on a folder of theirs (user_allow_other)
 # reports for its root: whatever its owner likes, here root's 0755.

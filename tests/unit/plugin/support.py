@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.config import EngineConfig
-from engine.discover import InventoryCache, discover
-from plugin.handlers import GpuPlugin
-from plugin.metrics import PluginMetrics
+from nri_gpu.engine.config import EngineConfig
+from nri_gpu.engine.discover import InventoryCache, discover
+from nri_gpu.plugin.handlers import GpuPlugin
+from nri_gpu.plugin.metrics import PluginMetrics
 from tests.testbed.gpunode import SimNode
 
 

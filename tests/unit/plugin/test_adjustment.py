@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import Policy
-from engine.model import DeviceKind, DeviceNode, Gpu, Mount, Plan
-from plugin.adjustment import GPUS_ANNOTATION, to_adjustment
-from plugin.errors import PluginError
-from plugin.request import container_info, may_request
+from nri_gpu.engine.config import Policy
+from nri_gpu.engine.model import DeviceKind, DeviceNode, Gpu, Mount, Plan
+from nri_gpu.plugin.adjustment import GPUS_ANNOTATION, to_adjustment
+from nri_gpu.plugin.errors import PluginError
+from nri_gpu.plugin.request import container_info, may_request
 from tests.fake_runtime import container, pod
 
 

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.cdi import hook_work
-from engine.config import EngineConfig
-from engine.discover import discover
-from engine.model import DEFAULT_CAPABILITIES
-from plugin.__main__ import main
-from plugin.cdi_cli import NO_HOOK
-from plugin.entry import OLD_SPEC_MESSAGE
-from plugin.hook_install import check_hook
+from nri_gpu.engine.cdi import hook_work
+from nri_gpu.engine.config import EngineConfig
+from nri_gpu.engine.discover import discover
+from nri_gpu.engine.model import DEFAULT_CAPABILITIES
+from nri_gpu.plugin.cli.__main__ import main
+from nri_gpu.plugin.cli.cdi import NO_HOOK
+from nri_gpu.plugin.cli.entry import OLD_SPEC_MESSAGE
+from nri_gpu.plugin.cli.hook_install import check_hook
 from tests.testbed.gpunode import SimNode, build_node
 from tests.testbed.plugins import NRI_GPU, NRI_GPU_HOOK
 

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.discover import discover
-from engine.model import Inventory
-from plugin.__main__ import build_parser as parser
-from plugin.__main__ import load_config, main
-from plugin.cdi_conflicts import conflicts
-from plugin.cdi_keeper import SpecKeeper, WatchedInventory, keeper_for
-from plugin.config import CdiConfig, ConfigError, from_toml
+from nri_gpu.engine.config import EngineConfig
+from nri_gpu.engine.discover import discover
+from nri_gpu.engine.model import Inventory
+from nri_gpu.plugin.cli.__main__ import build_parser as parser
+from nri_gpu.plugin.cli.__main__ import load_config, main
+from nri_gpu.plugin.cli.cdi_conflicts import conflicts
+from nri_gpu.plugin.cli.cdi_keeper import SpecKeeper, WatchedInventory, keeper_for
+from nri_gpu.plugin.config import CdiConfig, ConfigError, from_toml
 from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 from tests.testbed.plugins import NRI_GPU, NRI_GPU_HOOK
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.__main__ import main
+from nri_gpu.plugin.cli.__main__ import main
 from tests.testbed.gpunode import FIXTURE_DRIVER, FIXTURE_NO_DRIVER, SimNode, build_node
 
 

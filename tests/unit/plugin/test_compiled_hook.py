@@ -1,4 +1,4 @@
-"""Where the compiled hook is found (plugin.compiled_hook), on files made here, and the
+"""Where the compiled hook is found (nri_gpu.plugin.cli.compiled_hook), on files made here, and the
 one this test run's venv holds: what hack/setup built from hook/, statically linked."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.compiled_hook import HOOK_EXECUTABLE, installed_hook
+from nri_gpu.plugin.cli.compiled_hook import HOOK_EXECUTABLE, installed_hook
 from tests.testbed.rust_toolchain import has_interpreter
 
 
@@ -52,10 +52,10 @@ def test_no_hook_or_one_that_cannot_run_is_none(tmp_path: Path, names: tuple[str
 def test_without_the_console_script_the_scripts_folder_is_asked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``python -m plugin``: argv[0] is plugin/__main__.py."""
+    """``python -m nri_gpu.plugin.cli``: argv[0] is plugin/cli/__main__.py."""
     folder = venv_bin(tmp_path, HOOK_EXECUTABLE)
     monkeypatch.setattr(sysconfig, "get_path", lambda name: str(folder) if name == "scripts" else "")
-    assert installed_hook("/opt/nri-gpu/plugin/__main__.py") == str(folder / HOOK_EXECUTABLE)
+    assert installed_hook("/opt/nri-gpu/plugin/cli/__main__.py") == str(folder / HOOK_EXECUTABLE)
     assert installed_hook("") == str(folder / HOOK_EXECUTABLE)
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from plugin.__main__ import build_parser, load_config
-from plugin.config import ConfigError, PluginConfig, from_toml, parse_address
-from plugin.logfmt import DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL, LOG_FORMATS, LOG_LEVELS, make_formatter
+from nri_gpu.plugin.cli.__main__ import build_parser, load_config
+from nri_gpu.plugin.config import ConfigError, PluginConfig, from_toml, parse_address
+from nri_gpu.plugin.logfmt import DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL, LOG_FORMATS, LOG_LEVELS, make_formatter
 
 
 def test_defaults_match_the_documented_ones() -> None:
@@ -197,7 +197,7 @@ def test_host_root_flag(tmp_path: Path) -> None:
 
 
 def test_the_default_config_file_is_read_when_it_exists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import plugin.__main__ as cli
+    import nri_gpu.plugin.cli.__main__ as cli
 
     default = tmp_path / "config.toml"
     monkeypatch.setattr(cli, "DEFAULT_CONFIG_FILE", default)

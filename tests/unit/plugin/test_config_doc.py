@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import tomlkit
 
-from engine.config import EngineConfig, Policy
-from plugin.__main__ import main
-from plugin.config import CdiConfig, PluginConfig, Settings, from_toml
-from plugin.config_doc import OPTIONS, TABLES, default_config
+from nri_gpu.engine.config import EngineConfig, Policy
+from nri_gpu.plugin.cli.__main__ import main
+from nri_gpu.plugin.cli.config_doc import OPTIONS, TABLES, default_config
+from nri_gpu.plugin.config import CdiConfig, PluginConfig, Settings, from_toml
 
 ROOT = Path(__file__).resolve().parents[3]
 

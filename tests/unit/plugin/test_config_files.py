@@ -1,4 +1,4 @@
-"""``plugin.config_files``: what install and uninstall read beside a runtime's config."""
+"""``nri_gpu.plugin.cli.config_files``: what install and uninstall read beside a runtime's config."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.config_files import FileRefused, Folder
+from nri_gpu.plugin.cli.config_files import FileRefused, Folder
 from tests.testbed.openwatch import OpenWatch
 
 

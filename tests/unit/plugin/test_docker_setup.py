@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from plugin import setup_cli
-from plugin.__main__ import main
-from plugin.config_files import FileRefused
-from plugin.docker_setup import (
+from nri_gpu.plugin.cli import install as setup_cli
+from nri_gpu.plugin.cli.__main__ import main
+from nri_gpu.plugin.cli.config_files import FileRefused
+from nri_gpu.plugin.cli.docker_setup import (
     DaemonChange,
     daemon_cdi_change,
     daemon_enable,
@@ -21,7 +21,7 @@ from plugin.docker_setup import (
     parse_docker_version,
     uninstall_spec_runtime,
 )
-from plugin.runtime_setup import SetupError, backup_path, record_path
+from nri_gpu.plugin.cli.runtime_setup import SetupError, backup_path, record_path
 
 SPEC = json.dumps({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{"name": "0"}]}, indent=2) + "\n"
 

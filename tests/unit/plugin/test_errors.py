@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from plugin.errors import MAX_MESSAGE, PluginError
+from nri_gpu.plugin.errors import MAX_MESSAGE, PluginError
 
 
 def test_control_characters_are_escaped() -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from plugin.events import (
+from nri_gpu.plugin.events import (
     VALID_EVENTS_CRIO_1_33,
     VALID_EVENTS_V0_9,
     VALID_EVENTS_V0_10,

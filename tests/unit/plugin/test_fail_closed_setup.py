@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from plugin import setup_cli
-from plugin.__main__ import main
-from plugin.runtime_setup import (
+from nri_gpu.plugin.cli import install as setup_cli
+from nri_gpu.plugin.cli.__main__ import main
+from nri_gpu.plugin.cli.runtime_setup import (
     CRIO_DROPIN_NAME,
     NRI_TABLE,
     TOLERATE_ANNOTATION,

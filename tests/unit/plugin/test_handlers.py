@@ -16,15 +16,15 @@ from typing import Any
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.discover import InventoryCache, discover
-from engine.errors import StartError
-from engine.model import Inventory
-from engine.start.work import StartWork
-from plugin.events import Event
-from plugin.handlers import GpuPlugin
-from plugin.stub import Stub
-from plugin.ttrpc import StatusError
+from nri_gpu.engine.config import EngineConfig
+from nri_gpu.engine.discover import InventoryCache, discover
+from nri_gpu.engine.errors import StartError
+from nri_gpu.engine.model import Inventory
+from nri_gpu.engine.start.work import StartWork
+from nri_gpu.plugin.events import Event
+from nri_gpu.plugin.handlers import GpuPlugin
+from nri_gpu.plugin.stub import Stub
+from nri_gpu.plugin.ttrpc import StatusError
 from tests.fake_runtime import FakeRuntime, connected, container, pod
 from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 from tests.unit.plugin.support import gpu_plugin
@@ -162,7 +162,7 @@ def test_start_after_a_plugin_restart_uses_the_recorded_gpus(node: SimNode) -> N
 def test_synchronize_names_running_gpu_containers_that_missed_us_or_our_start(
     node: SimNode, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from plugin._proto import nri_pb2 as api
+    from nri_gpu.plugin._proto import nri_pb2 as api
 
     p = pod("train", "ml", annotations={"nvidia.com/gpus": "0"})
     missed, equipped, plain, waiting = container("missed"), container("equipped"), container("plain"), container("new")
@@ -188,7 +188,7 @@ def test_synchronize_names_running_gpu_containers_that_missed_us_or_our_start(
     async def body(rt: FakeRuntime, stub: Stub) -> None:
         pass
 
-    with caplog.at_level("WARNING", logger="plugin.handlers"):
+    with caplog.at_level("WARNING", logger="nri_gpu.plugin.handlers"):
         asyncio.run(
             connected(
                 gpu_plugin(node, lambda *a, **k: None, view_check=view_check),
@@ -197,7 +197,7 @@ def test_synchronize_names_running_gpu_containers_that_missed_us_or_our_start(
                 containers=[missed, equipped, plain, waiting, half, whole, gone, nothing],
             )
         )
-    warned = [r.getMessage() for r in caplog.records if r.name == "plugin.handlers"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "nri_gpu.plugin.handlers"]
     assert warned == [
         'container "missed" in pod "ml/train" runs without its GPUs: it asked for GPUs but was created and '
         "started while nri-gpu was not connected; delete it and create it again",
@@ -347,7 +347,7 @@ def test_synchronize_answers_in_time_when_a_containers_view_check_hangs(
     FUSE mount whose server never answers hangs the lookup). Synchronize must still
     be answered within the runtime's 2 s, or the plugin never registers; the
     containers checked by then are named, the rest said to be unchecked."""
-    from plugin._proto import nri_pb2 as api
+    from nri_gpu.plugin._proto import nri_pb2 as api
 
     p = pod("train", "ml", annotations={"nvidia.com/gpus": "0"})
     running = [container(f"c{i}") for i in range(4)]
@@ -369,7 +369,7 @@ def test_synchronize_answers_in_time_when_a_containers_view_check_hangs(
     # The fake runtime gives Synchronize its 2 s, as a real one does, and drops the
     # plugin (an error, and ``body`` never runs) when the answer comes later.
     try:
-        with caplog.at_level("DEBUG", logger="plugin.handlers"):
+        with caplog.at_level("DEBUG", logger="nri_gpu.plugin.handlers"):
             rt = asyncio.run(
                 connected(
                     gpu_plugin(node, lambda *a, **k: None, view_check=view_check), body, pods=[p], containers=running
@@ -497,7 +497,7 @@ def test_an_ipc_endpoint_change_is_logged_once_not_at_every_container(
         for name in ("a", "b", "c"):
             await rt.create_container(pod("train", "ml", annotations={"nvidia.com/gpus": "0"}), container(name))
 
-    with caplog.at_level("INFO", logger="plugin.handlers"):
+    with caplog.at_level("INFO", logger="nri_gpu.plugin.handlers"):
         asyncio.run(connected(plugin, body))
     said = [r.getMessage() for r in caplog.records]
     assert sum(f"IPC endpoint {MPS} skipped" in m for m in said) == 1, said
@@ -535,7 +535,7 @@ def test_a_container_planned_again_at_start_is_checked_for_the_endpoints_it_was_
     container got. Here persistenced's socket was mounted and has gone since (the worker
     then refuses the start: nothing left to compare the mount with), and the MPS folder,
     there now, was never given. (Before: only the plan's endpoints were checked.)"""
-    from plugin._proto import nri_pb2 as api
+    from nri_gpu.plugin._proto import nri_pb2 as api
 
     calls: list[StartWork] = []
     plugin = _mps_plugin(ipc_node, calls)

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from engine.config import EngineConfig, Policy
-from engine.discover import InventoryCache, discover
-from engine.start.work import StartWork
-from plugin._proto import nri_pb2 as api
-from plugin.events import Event
-from plugin.handlers import GpuPlugin
-from plugin.stub import Stub
-from plugin.ttrpc import StatusError
+from nri_gpu.engine.config import EngineConfig, Policy
+from nri_gpu.engine.discover import InventoryCache, discover
+from nri_gpu.engine.start.work import StartWork
+from nri_gpu.plugin._proto import nri_pb2 as api
+from nri_gpu.plugin.events import Event
+from nri_gpu.plugin.handlers import GpuPlugin
+from nri_gpu.plugin.stub import Stub
+from nri_gpu.plugin.ttrpc import StatusError
 from tests.fake_runtime import FakeRuntime, connected, container, pod
 from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 

@@ -1,4 +1,4 @@
-"""Where the CDI hook is installed, checked (plugin.hook_install), on real files: the
+"""Where the CDI hook is installed, checked (nri_gpu.plugin.cli.hook_install), on real files: the
 compiled hook a spec names (``check_hook``) and the ``nri-gpu`` console script a
 systemd unit runs (``check_install``).
 
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import elf_interpreter
-from plugin.hook_install import check_file, check_hook, check_install, check_tree
+from nri_gpu.engine import elf_interpreter
+from nri_gpu.plugin.cli.hook_install import check_file, check_hook, check_install, check_tree
 from tests.testbed.plugins import NRI_GPU_HOOK
 
 USER = 1000
@@ -158,7 +158,7 @@ def test_a_missing_folder_imported_from(tmp_path: Path) -> None:
 )
 def test_only_a_script_naming_its_interpreter_by_path(tmp_path: Path, first_line: str, why: str) -> None:
     hook = tmp_path / "nri-gpu"
-    hook.write_text(first_line + "\nfrom plugin.__main__ import main\n")
+    hook.write_text(first_line + "\nfrom nri_gpu.plugin.cli.__main__ import main\n")
     hook.chmod(0o755)
     assert check_install(str(hook)) == [
         f"{hook} is not a script whose #! line names its Python interpreter by absolute path"
@@ -177,7 +177,7 @@ def test_an_untrusted_interpreter(tmp_path: Path) -> None:
 
 def test_an_interpreter_that_is_not_python(tmp_path: Path) -> None:
     hook = tmp_path / "nri-gpu"
-    hook.write_text('#!/bin/sh\nexec python3 -m plugin "$@"\n')
+    hook.write_text('#!/bin/sh\nexec python3 -m nri_gpu.plugin.cli "$@"\n')
     hook.chmod(0o755)
     problems = check_install(str(hook))
     assert len(problems) == 1 and problems[0].startswith("/bin/sh cannot be asked where it imports from")
@@ -199,24 +199,24 @@ def test_packages_imported_from_a_users_folder(tmp_path: Path) -> None:
     python = _trusted_python()
     venv = tmp_path / "venv"
     subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True)
-    checkout = tree(tmp_path / "checkout", "plugin/__init__.py", "engine/__init__.py", mode=0o644)
+    checkout = tree(tmp_path / "checkout", "nri_gpu/plugin/__init__.py", "nri_gpu/engine/__init__.py", mode=0o644)
     site = next(venv.glob("lib/python*/site-packages"))
     (site / "nri-gpu.pth").write_text(f"{checkout}\n")
     hook = tmp_path / "nri-gpu"
-    hook.write_text(f"#!{venv}/bin/python\nfrom plugin.__main__ import main\n")
+    hook.write_text(f"#!{venv}/bin/python\nfrom nri_gpu.plugin.cli.__main__ import main\n")
     hook.chmod(0o755)
     assert check_install(str(hook)) == []
 
-    os.chown(checkout / "engine", USER, USER)
-    assert check_install(str(hook)) == [f"{checkout}/engine is owned by uid 1000, not root"]
-    os.chown(checkout / "engine", 0, 0)
+    os.chown(checkout / "nri_gpu/engine", USER, USER)
+    assert check_install(str(hook)) == [f"{checkout}/nri_gpu/engine is owned by uid 1000, not root"]
+    os.chown(checkout / "nri_gpu/engine", 0, 0)
     (site / "nri-gpu.pth").chmod(0o666)
     assert check_install(str(hook)) == [f"{site}/nri-gpu.pth is writable by its group and others (mode 0666)"]
     (site / "nri-gpu.pth").chmod(0o644)
     (site / "nri-gpu.pth").write_text(f"{tmp_path}/elsewhere\n")
     assert check_install(str(hook)) == [
-        f"{venv}/bin/python does not import nri-gpu's package 'plugin'",
-        f"{venv}/bin/python does not import nri-gpu's package 'engine'",
+        f"{venv}/bin/python does not import nri-gpu's package 'nri_gpu.plugin'",
+        f"{venv}/bin/python does not import nri-gpu's package 'nri_gpu.engine'",
     ]
 
 
@@ -244,7 +244,7 @@ def test_a_venv_whose_home_is_a_users_python_is_refused_before_it_runs(tmp_path:
     cfg.write_text(cfg.read_text().replace(f"home = {os.path.dirname(python)}", f"home = {user}/bin"))
     assert f"home = {user}/bin" in cfg.read_text()
     hook = tmp_path / "nri-gpu"
-    hook.write_text(f"#!{venv}/bin/python\nfrom plugin.__main__ import main\n")
+    hook.write_text(f"#!{venv}/bin/python\nfrom nri_gpu.plugin.cli.__main__ import main\n")
     hook.chmod(0o755)
     problems = check_install(str(hook))
     assert not marker.exists(), "the user's standard library ran as root"
@@ -253,7 +253,7 @@ def test_a_venv_whose_home_is_a_users_python_is_refused_before_it_runs(tmp_path:
 
 _MOUNTED_ENTRY = """
 import os, subprocess, sys
-from plugin.hook_install import check_file
+from nri_gpu.plugin.cli.hook_install import check_file
 where = sys.argv[1]
 # What a FUSE file system alice mounts on a folder of hers (user_allow_other)
 # reports: whatever she likes, here root's 0755 for its root and for every file.
@@ -292,7 +292,7 @@ def test_a_pyvenv_cfg_that_is_not_a_regular_file_is_refused_before_it_runs(tmp_p
     (venv / "pyvenv.cfg").unlink()
     os.mkfifo(venv / "pyvenv.cfg", 0o644)
     hook = tmp_path / "nri-gpu"
-    hook.write_text(f"#!{venv}/bin/python\nfrom plugin.__main__ import main\n")
+    hook.write_text(f"#!{venv}/bin/python\nfrom nri_gpu.plugin.cli.__main__ import main\n")
     hook.chmod(0o755)
     assert check_install(str(hook)) == [f"{venv}/pyvenv.cfg is not a regular file"]
 
@@ -348,7 +348,7 @@ def test_a_hook_others_can_change_is_refused(tmp_path: Path) -> None:
     ("content", "why"),
     [
         (b'#!/bin/sh\nexec /usr/bin/nri-gpu-hook-real "$@"\n', "not an ELF file"),
-        (b"#!/usr/local/lib/nri-gpu/venv/bin/python\nfrom plugin.entry import main\n", "not an ELF file"),
+        (b"#!/usr/local/lib/nri-gpu/venv/bin/python\nfrom nri_gpu.plugin.cli.entry import main\n", "not an ELF file"),
         (b"\x7fELF", "not an ELF file"),  # a header cut short
         (elf_naming(b"/lib64/ld-linux-x86-64.so.2", phoff=70000), "program headers beyond the part read"),
     ],

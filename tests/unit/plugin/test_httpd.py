@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from plugin import httpd
-from plugin._proto import nri_pb2 as api
-from plugin.config import PluginConfig
-from plugin.errors import PluginError
-from plugin.httpd import Health, StatusServer, stub_health
-from plugin.metrics import PluginMetrics
-from plugin.stub import Stub
+from nri_gpu.plugin import httpd
+from nri_gpu.plugin._proto import nri_pb2 as api
+from nri_gpu.plugin.config import PluginConfig
+from nri_gpu.plugin.errors import PluginError
+from nri_gpu.plugin.httpd import Health, StatusServer, stub_health
+from nri_gpu.plugin.metrics import PluginMetrics
+from nri_gpu.plugin.stub import Stub
 from tests.fake_runtime import FakeRuntime, container, pod
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.discover import InventoryCache, discover
-from engine.model import Inventory
-from plugin.inventory import LiveInventory
+from nri_gpu.engine.config import EngineConfig
+from nri_gpu.engine.discover import InventoryCache, discover
+from nri_gpu.engine.model import Inventory
+from nri_gpu.plugin.inventory import LiveInventory
 from tests.testbed.gpunode import FIXTURE_DRIVER, build_node
 
 

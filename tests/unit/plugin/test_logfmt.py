@@ -9,20 +9,20 @@ from typing import Any
 
 import pytest
 
-from engine.start.work import StartReport, StartWork
-from plugin._proto import nri_pb2 as api
-from plugin.events import Event
-from plugin.logfmt import TEXT_FORMAT, JsonFormatter, make_formatter
-from plugin.metrics import PluginMetrics
-from plugin.stub import Stub
-from plugin.ttrpc import StatusError
+from nri_gpu.engine.start.work import StartReport, StartWork
+from nri_gpu.plugin._proto import nri_pb2 as api
+from nri_gpu.plugin.events import Event
+from nri_gpu.plugin.logfmt import TEXT_FORMAT, JsonFormatter, make_formatter
+from nri_gpu.plugin.metrics import PluginMetrics
+from nri_gpu.plugin.stub import Stub
+from nri_gpu.plugin.ttrpc import StatusError
 from tests.fake_runtime import FakeRuntime, connected, container, pod
 from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 from tests.unit.plugin.support import gpu_plugin
 
 
 def record(msg: str = "hello %s", args: tuple[Any, ...] = ("world",), **extra: Any) -> logging.LogRecord:
-    rec = logging.LogRecord("plugin.handlers", logging.WARNING, __file__, 1, msg, args, None)
+    rec = logging.LogRecord("nri_gpu.plugin.handlers", logging.WARNING, __file__, 1, msg, args, None)
     rec.created, rec.msecs = 1767323045.678, 678.0
     for key, value in extra.items():
         setattr(rec, key, value)
@@ -35,7 +35,7 @@ def test_json_line_has_time_level_logger_message_and_the_fields() -> None:
     assert json.loads(line) == {
         "time": "2026-01-02T03:04:05.678Z",
         "level": "warning",
-        "logger": "plugin.handlers",
+        "logger": "nri_gpu.plugin.handlers",
         "message": "hello world",
         "pod": "p",
         "gpus": [0, 1],
@@ -57,18 +57,18 @@ def test_json_line_carries_the_exception() -> None:
 def test_text_format_is_unchanged_and_ignores_the_fields() -> None:
     formatter = make_formatter("text")
     assert formatter._fmt == TEXT_FORMAT  # type: ignore[attr-defined]
-    assert formatter.format(record(nri_gpu={"pod": "p"})).endswith(" WARNING plugin.handlers: hello world")
+    assert formatter.format(record(nri_gpu={"pod": "p"})).endswith(" WARNING nri_gpu.plugin.handlers: hello world")
     with pytest.raises(ValueError):
         make_formatter("yaml")
 
 
-FORGED = "\n2026-01-02 03:04:05,678 INFO plugin.handlers: forged"
+FORGED = "\n2026-01-02 03:04:05,678 INFO nri_gpu.plugin.handlers: forged"
 
 
 @pytest.mark.parametrize(
     ("text", "shown"),
     [
-        (FORGED, "\\n2026-01-02 03:04:05,678 INFO plugin.handlers: forged"),
+        (FORGED, "\\n2026-01-02 03:04:05,678 INFO nri_gpu.plugin.handlers: forged"),
         ("a\rb", "a\\rb"),
         ("bell\x07 esc\x1b[2J nul\x00 del\x7f", "bell\\x07 esc\\x1b[2J nul\\x00 del\\x7f"),
         ("nel\x85 ls\u2028 ps\u2029", "nel\\x85 ls\\u2028 ps\\u2029"),
@@ -80,7 +80,7 @@ FORGED = "\n2026-01-02 03:04:05,678 INFO plugin.handlers: forged"
 def test_text_format_escapes_control_characters_so_nothing_forges_a_line(text: str, shown: str) -> None:
     # An env name or value that reaches a message must not start a line of its own.
     line = make_formatter("text").format(record("refused: %s", (text,)))
-    assert line.endswith(f" WARNING plugin.handlers: refused: {shown}"), line
+    assert line.endswith(f" WARNING nri_gpu.plugin.handlers: refused: {shown}"), line
     assert line.count("\n") == 0 and all(c.isprintable() for c in line)
 
 
@@ -92,9 +92,9 @@ def test_text_format_indents_every_line_of_a_traceback() -> None:
 
         rec = record(exc_info=sys.exc_info())
     first, *rest = make_formatter("text").format(rec).split("\n")
-    assert first.endswith("WARNING plugin.handlers: hello world")
+    assert first.endswith("WARNING nri_gpu.plugin.handlers: hello world")
     assert rest and all(line.startswith("  ") for line in rest), rest
-    assert "  2026-01-02 03:04:05,678 INFO plugin.handlers: forged" in rest
+    assert "  2026-01-02 03:04:05,678 INFO nri_gpu.plugin.handlers: forged" in rest
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def test_decisions_are_structured_and_measured(node: SimNode, caplog: pytest.Log
         with pytest.raises(StatusError):
             await rt.create_container(pod("bad", "ml", annotations={"nvidia.com/gpus": "7"}), container("x"))
 
-    with caplog.at_level(logging.DEBUG, logger="plugin.handlers"):
+    with caplog.at_level(logging.DEBUG, logger="nri_gpu.plugin.handlers"):
         asyncio.run(connected(gpu_plugin(node, starter, metrics), body, metrics=metrics))
     lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records if hasattr(r, "nri_gpu")]
     allocated, started, refused = lines
@@ -155,7 +155,7 @@ def test_decisions_are_structured_and_measured(node: SimNode, caplog: pytest.Log
 
 
 def test_a_failed_start_counts_as_start_failed(node: SimNode) -> None:
-    from engine.errors import StartError
+    from nri_gpu.engine.errors import StartError
 
     metrics = PluginMetrics()
 
@@ -211,7 +211,7 @@ def test_a_refusal_while_building_the_adjustment_is_logged_and_timed(
         with pytest.raises(StatusError, match="already mounts /somewhere/else"):
             await rt.create_container(pod("clash", "ml", annotations={"nvidia.com/gpus": "0"}), clash)
 
-    with caplog.at_level(logging.INFO, logger="plugin.handlers"):
+    with caplog.at_level(logging.INFO, logger="nri_gpu.plugin.handlers"):
         asyncio.run(connected(gpu_plugin(node, None, metrics), body, metrics=metrics))
     lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records if hasattr(r, "nri_gpu")]
     assert [(line["pod"], line["decision"]) for line in lines] == [("first", "allocated"), ("clash", "refused")]
@@ -232,7 +232,7 @@ def test_a_handler_bug_is_an_error_decision_timed_and_counted(
     def broken(*args: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("plugin.handlers.to_adjustment", broken)
+    monkeypatch.setattr("nri_gpu.plugin.handlers.to_adjustment", broken)
 
     async def body(rt: FakeRuntime, stub: Stub) -> None:
         with pytest.raises(StatusError, match="RuntimeError: boom"):
@@ -245,7 +245,7 @@ def test_a_handler_bug_is_an_error_decision_timed_and_counted(
     assert line["message"] == 'container "main" in pod "ml/bug": failed: RuntimeError: boom'
     assert steps(metrics, "plan") == 1 and metrics.value("nri_gpu_errors_total", kind="internal") == 1
     # The traceback is the stub's, once.
-    assert [r.name for r in caplog.records if r.exc_info] == ["plugin.stub"]
+    assert [r.name for r in caplog.records if r.exc_info] == ["nri_gpu.plugin.stub"]
 
 
 def test_a_container_that_asks_for_nothing_is_one_debug_line_untimed(
@@ -259,7 +259,7 @@ def test_a_container_that_asks_for_nothing_is_one_debug_line_untimed(
         c.pid = 1
         await rt.state_change(Event.START_CONTAINER, p, c)
 
-    with caplog.at_level(logging.DEBUG, logger="plugin.handlers"):
+    with caplog.at_level(logging.DEBUG, logger="nri_gpu.plugin.handlers"):
         asyncio.run(connected(gpu_plugin(node, None, metrics), body, metrics=metrics))
     lines = [json.loads(JsonFormatter().format(r)) for r in caplog.records if hasattr(r, "nri_gpu")]
     assert [(line["event"], line["decision"], line["level"]) for line in lines] == [
@@ -295,7 +295,7 @@ def test_validation_decisions_are_timed_lines(node: SimNode, caplog: pytest.LogC
         verdict = await rt.validate(p, container("unasked"), api.ContainerAdjustment())
         assert verdict.reject
 
-    with caplog.at_level(logging.DEBUG, logger="plugin.handlers"):
+    with caplog.at_level(logging.DEBUG, logger="nri_gpu.plugin.handlers"):
         asyncio.run(connected(gpu_plugin(node, None, metrics), body, metrics=metrics, runtime_version="2.2.0"))
     lines = [
         json.loads(JsonFormatter().format(r))

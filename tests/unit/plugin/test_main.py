@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 def nri_gpu(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "plugin", *args],
+        [sys.executable, "-m", "nri_gpu.plugin.cli", *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from plugin.metrics import CONTENT_TYPE, DEFAULT_BUCKETS, PluginMetrics
+from nri_gpu.plugin.metrics import CONTENT_TYPE, DEFAULT_BUCKETS, PluginMetrics
 
 # Family name (the parser drops a counter's _total), type, and its label names.
 NRI_GPU = {

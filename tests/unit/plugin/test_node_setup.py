@@ -1,6 +1,6 @@
 """``nri-gpu node-setup`` (the DaemonSet's init step) on a host root made here.
 
-The decisions are pure (plugin.node_plan) and tested as a table. The rest runs for
+The decisions are pure (nri_gpu.plugin.cli.node_plan) and tested as a table. The rest runs for
 real on a tree standing for the node's ``/``: links that lead out of it, sockets with
 processes listening on them, a stand-in runtime daemon (a Python process whose name is
 ``containerd``) that exits on SIGHUP as containerd does, and the host's ``systemctl``
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from plugin.__main__ import main
-from plugin.node_plan import (
+from nri_gpu.plugin.cli.__main__ import main
+from nri_gpu.plugin.cli.node_plan import (
     NodeSetupError,
     Options,
     RestartMode,
@@ -31,8 +31,8 @@ from plugin.node_plan import (
     leave_unwritten,
     restart_needed,
 )
-from plugin.node_root import NodeRoot, NodeRootError
-from plugin.runtime_setup import backup_path, record_path
+from nri_gpu.plugin.cli.node_root import NodeRoot, NodeRootError
+from nri_gpu.plugin.cli.runtime_setup import backup_path, record_path
 
 CONFIG_NRI_OFF = """\
 version = 2

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from plugin.offloop import in_thread, map_until
+from nri_gpu.plugin.offloop import in_thread, map_until
 
 
 def test_map_until_returns_what_is_done_by_the_deadline() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin._proto import nri_pb2
+from nri_gpu.plugin._proto import nri_pb2
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from engine.config import Policy
-from engine.errors import RequestError
-from engine.request import MAX_DEVICE_NODES, MAX_LIST_ENTRIES, MAX_REQUEST_ENV, POD_ANNOTATION, VOLUME_MARKER_DIR
-from plugin._proto import nri_pb2 as api
-from plugin.request import container_info, first_values, may_request
+from nri_gpu.engine.config import Policy
+from nri_gpu.engine.errors import RequestError
+from nri_gpu.engine.request import (
+    MAX_DEVICE_NODES,
+    MAX_LIST_ENTRIES,
+    MAX_REQUEST_ENV,
+    POD_ANNOTATION,
+    VOLUME_MARKER_DIR,
+)
+from nri_gpu.plugin._proto import nri_pb2 as api
+from nri_gpu.plugin.request import container_info, first_values, may_request
 
 
 def _container(env: list[str], mounts: int = 0) -> api.Container:

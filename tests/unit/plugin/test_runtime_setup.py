@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import tomlkit
 
-from plugin import setup_cli
-from plugin.__main__ import main
-from plugin.runtime_setup import (
+from nri_gpu.plugin.cli import install as setup_cli
+from nri_gpu.plugin.cli.__main__ import main
+from nri_gpu.plugin.cli.runtime_setup import (
     CRIO_DROPIN_NAME,
     NRI_TABLE,
     backup_path,
@@ -269,7 +269,7 @@ def test_a_backup_swapped_for_a_fifo_does_not_hang_uninstall(tmp_path: Path) -> 
     assert cli("install", "--runtime", "containerd", "--config", str(config)) == 0
     backup_path(config).unlink()
     os.mkfifo(backup_path(config))
-    argv = [sys.executable, "-m", "plugin", "uninstall", "--runtime", "containerd", "--config", str(config)]
+    argv = [sys.executable, "-m", "nri_gpu.plugin.cli", "uninstall", "--runtime", "containerd", "--config", str(config)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=20)
     assert done.returncode == 1
     assert f"{backup_path(config)} is not a regular file" in done.stderr

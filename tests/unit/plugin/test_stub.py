@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from plugin import budget
-from plugin._proto import nri_pb2 as api
-from plugin.budget import REPLY_MARGIN, Timeouts
-from plugin.config import PluginConfig
-from plugin.errors import PluginError, RegistrationError
-from plugin.events import Event
-from plugin.stub import PLUGIN_SERVICE, Stub
-from plugin.ttrpc import Code, StatusError
+from nri_gpu.plugin import budget
+from nri_gpu.plugin._proto import nri_pb2 as api
+from nri_gpu.plugin.budget import REPLY_MARGIN, Timeouts
+from nri_gpu.plugin.config import PluginConfig
+from nri_gpu.plugin.errors import PluginError, RegistrationError
+from nri_gpu.plugin.events import Event
+from nri_gpu.plugin.stub import PLUGIN_SERVICE, Stub
+from nri_gpu.plugin.ttrpc import Code, StatusError
 from tests.fake_runtime import FakeRuntime, connected, container, listening, pod
 
 

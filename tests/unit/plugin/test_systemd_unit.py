@@ -1,4 +1,4 @@
-"""The systemd units ``nri-gpu install --runtime docker|podman`` writes (plugin/systemd_unit.py).
+"""The systemd units ``nri-gpu install --runtime docker|podman`` writes (plugin/cli/systemd_unit.py).
 
 The service runs ``nri-gpu cdi generate`` (this Python console script) with the
 compiled hook's path, the roots and the capabilities install was given. systemd
@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from plugin.__main__ import main
-from plugin.cdi_cli import INSTALL_LINK, INSTALL_VENV, NO_HOOK
-from plugin.compiled_hook import HOOK_EXECUTABLE
-from plugin.docker_setup import DEFAULT_SPEC
-from plugin.hook_install import check_hook, check_install
-from plugin.runtime_setup import SetupError
-from plugin.systemd_unit import PATH_UNIT, SERVICE, UNITS, exec_start, planned_units, unit_texts
+from nri_gpu.plugin.cli.__main__ import main
+from nri_gpu.plugin.cli.cdi import INSTALL_LINK, INSTALL_VENV, NO_HOOK
+from nri_gpu.plugin.cli.compiled_hook import HOOK_EXECUTABLE
+from nri_gpu.plugin.cli.docker_setup import DEFAULT_SPEC
+from nri_gpu.plugin.cli.hook_install import check_hook, check_install
+from nri_gpu.plugin.cli.runtime_setup import SetupError
+from nri_gpu.plugin.cli.systemd_unit import PATH_UNIT, SERVICE, UNITS, exec_start, planned_units, unit_texts
 from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 from tests.testbed.plugins import NRI_GPU, NRI_GPU_HOOK
 
@@ -71,7 +71,7 @@ def _install(tmp_path: Path, node: SimNode, hook: str, *more: str) -> list[str]:
 
 def test_the_shipped_units_are_what_install_writes_for_the_readme_install() -> None:
     # The README's nri-gpu is a link into root's venv, where pip put the hook beside
-    # it (plugin.compiled_hook.installed_hook follows the link there).
+    # it (nri_gpu.plugin.cli.compiled_hook.installed_hook follows the link there).
     hook = f"{INSTALL_VENV}/bin/{HOOK_EXECUTABLE}"
     texts = unit_texts(exec_start(INSTALL_LINK, Path(DEFAULT_SPEC), ["--hook-path", hook]))
     assert {p.name: p.read_text() for p in DEPLOY.iterdir()} == texts
@@ -237,7 +237,7 @@ def test_install_that_cannot_tell_which_nri_gpu_runs_writes_no_unit(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # python -m plugin, no nri-gpu on PATH: the unit would have nothing to run.
+    # python -m nri_gpu.plugin.cli, no nri-gpu on PATH: the unit would have nothing to run.
     monkeypatch.setattr(sys, "argv", [sys.executable])
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     assert main(_install(tmp_path, node, trusted_hook)) == 1

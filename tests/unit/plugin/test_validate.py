@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from plugin import handlers
-from plugin._proto import nri_pb2 as api
-from plugin.adjustment import GPUS_ANNOTATION
-from plugin.events import Event
-from plugin.stub import Stub
+from nri_gpu.plugin import handlers
+from nri_gpu.plugin._proto import nri_pb2 as api
+from nri_gpu.plugin.adjustment import GPUS_ANNOTATION
+from nri_gpu.plugin.events import Event
+from nri_gpu.plugin.stub import Stub
 from tests.fake_runtime import FakeRuntime, connected, container, pod
 from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 from tests.unit.plugin.support import gpu_plugin
@@ -221,7 +221,7 @@ def test_an_older_runtime_without_validation_is_logged_as_info(node: SimNode, ca
     async def body(rt: FakeRuntime, stub: Stub) -> None:
         pass
 
-    with caplog.at_level("INFO", logger="plugin.stub"):
+    with caplog.at_level("INFO", logger="nri_gpu.plugin.stub"):
         asyncio.run(connected(gpu_plugin(node, _starter), body, runtime_version="1.7.24~ds1"))
     [line] = [r for r in caplog.records if "does not offer events" in r.getMessage()]
     assert line.levelname == "INFO"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.start import actions
-from engine.start.work import WorkError
+from nri_gpu.engine.start import actions
+from nri_gpu.engine.start.work import WorkError
 
 
 def test_a_containers_mountinfo_is_read_within_a_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

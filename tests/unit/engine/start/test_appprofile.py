@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.graphics import APP_PROFILE_PATH, app_profile_text
-from engine.start import appprofile
-from engine.start.rootdir import RootDir
-from engine.start.work import WorkError
+from nri_gpu.engine.graphics import APP_PROFILE_PATH, app_profile_text
+from nri_gpu.engine.start import appprofile
+from nri_gpu.engine.start.rootdir import RootDir
+from nri_gpu.engine.start.work import WorkError
 
 TEXT = app_profile_text((1, 3))
 

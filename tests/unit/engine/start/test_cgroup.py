@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.start import cgroup
-from engine.start.cgroup import relative_path
+from nri_gpu.engine.start import cgroup
+from nri_gpu.engine.start.cgroup import relative_path
 
 
 @pytest.mark.parametrize(

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.ldcache import LdCache
-from engine.ldcache_merge import encode, merge
-from engine.model import LdCacheEntry
-from engine.start import compat
-from engine.start.rootdir import RootDir
+from nri_gpu.engine.ldcache import LdCache
+from nri_gpu.engine.ldcache_merge import encode, merge
+from nri_gpu.engine.model import LdCacheEntry
+from nri_gpu.engine.start import compat
+from nri_gpu.engine.start.rootdir import RootDir
 
 HOST = "550.163.01"
 COMPAT = "usr/local/cuda/compat"

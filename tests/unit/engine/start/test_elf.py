@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.start.elf import HEAD_SIZE, interpreter
+from nri_gpu.engine.start.elf import HEAD_SIZE, interpreter
 
 
 def _head(path: str) -> bytes:

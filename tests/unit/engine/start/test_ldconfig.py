@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from engine.start import ldconfig
-from engine.start.work import WorkError
+from nri_gpu.engine.start import ldconfig
+from nri_gpu.engine.start.work import WorkError
 
 LDCONFIG = shutil.which("ldconfig", path="/usr/sbin:/sbin")
 

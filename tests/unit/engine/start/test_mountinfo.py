@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.start.mountinfo import proc_mount_points
-from engine.start.procview import MARKER, marker_text
-from engine.start.runner import shows_driver_view
+from nri_gpu.engine.start.mountinfo import proc_mount_points
+from nri_gpu.engine.start.procview import MARKER, marker_text
+from nri_gpu.engine.start.runner import shows_driver_view
 
 # A runc container's mountinfo (runc 1.1.5, containerd's masked and read-only paths).
 RUNC = """\

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.start import procsource, procview
-from engine.start.work import WorkError
+from nri_gpu.engine.start import procsource, procview
+from nri_gpu.engine.start.work import WorkError
 
 BUS = ("0000:07:00.0",)
 

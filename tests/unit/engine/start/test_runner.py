@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from engine.errors import StartError
-from engine.start import runner
-from engine.start.work import StartWork
+from nri_gpu.engine.errors import StartError
+from nri_gpu.engine.start import runner
+from nri_gpu.engine.start.work import StartWork
 
 WORK = StartWork('container "c" in pod "ns/p"', (), (), ())
 

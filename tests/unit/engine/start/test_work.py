@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.model import Plan, Symlink
-from engine.start.work import StartWork, is_clean_absolute, start_work
+from nri_gpu.engine.model import Plan, Symlink
+from nri_gpu.engine.start.work import StartWork, is_clean_absolute, start_work
 
 LINKS = (Symlink("/usr/lib/x86_64-linux-gnu/libcuda.so.1", "libcuda.so.550.163.01"),)
 
@@ -90,7 +90,7 @@ def test_ipc_endpoints_are_the_catalogues_and_their_root_clean(ipc: tuple[str, .
 def test_identity_blind_spots_name_what_cannot_be_looked_at(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where pid 1 is out of sight, the start work cannot refuse the host's own mount
     namespace by it: the plugin says so at start-up instead of failing open silently."""
-    from engine.start import actions
+    from nri_gpu.engine.start import actions
 
     monkeypatch.setattr(actions, "_NOT_CONTAINERS", (("/proc/self", "the plugin's"), ("/proc/0", "pid 0's")))
     blind = actions.identity_blind_spots()

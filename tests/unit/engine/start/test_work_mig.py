@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.model import Plan
-from engine.start.work import StartWork, is_cap_path, start_work
+from nri_gpu.engine.model import Plan
+from nri_gpu.engine.start.work import StartWork, is_cap_path, start_work
 
 GOOD = (
     "mig/config",

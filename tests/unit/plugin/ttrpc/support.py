@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager, suppress
 from typing import Any, TypeVar
 
-from plugin.ttrpc import (
+from nri_gpu.plugin.ttrpc import (
     Handler,
     Message,
     MessageDecoder,
@@ -21,7 +21,7 @@ from plugin.ttrpc import (
     encode_mux,
     encode_request,
 )
-from plugin.ttrpc.mux import MUX_HEADER_SIZE
+from nri_gpu.plugin.ttrpc.mux import MUX_HEADER_SIZE
 
 T = TypeVar("T")
 

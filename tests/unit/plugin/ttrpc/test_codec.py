@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from plugin._proto import ttrpc_pb2
-from plugin.ttrpc import (
+from nri_gpu.plugin._proto import ttrpc_pb2
+from nri_gpu.plugin.ttrpc import (
     Code,
     Message,
     MessageType,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from plugin.ttrpc import (
+from nri_gpu.plugin.ttrpc import (
     MAX_MESSAGE,
     Code,
     ConnectionClosed,
@@ -25,12 +25,12 @@ from plugin.ttrpc import (
     decode_response,
     encode_response,
 )
-from plugin.ttrpc import connection as connection_module
-from plugin.ttrpc.mux import GO_READ_SIZE
+from nri_gpu.plugin.ttrpc import connection as connection_module
+from nri_gpu.plugin.ttrpc.mux import GO_READ_SIZE
 
 from .support import RawPeer, connection_pair, raw_pair, run
 
-LOGGER = "plugin.ttrpc.connection"
+LOGGER = "nri_gpu.plugin.ttrpc.connection"
 
 
 async def echo(request: InboundRequest) -> bytes:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from plugin.ttrpc import (
+from nri_gpu.plugin.ttrpc import (
     Code,
     ConnectionClosed,
     MessageTooLarge,

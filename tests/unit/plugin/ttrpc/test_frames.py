@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plugin.ttrpc import (
+from nri_gpu.plugin.ttrpc import (
     HEADER_SIZE,
     MAX_MESSAGE,
     Message,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plugin.ttrpc import (
+from nri_gpu.plugin.ttrpc import (
     GO_READ_SIZE,
     MAX_INBOUND_FRAME,
     MUX_HEADER_SIZE,

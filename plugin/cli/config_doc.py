@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plugin.config import DEFAULT_INDEX, DEFAULT_NAME, DEFAULT_SOCKET
-from plugin.logfmt import DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL, LOG_FORMATS, LOG_LEVELS
+from nri_gpu.plugin.config import DEFAULT_INDEX, DEFAULT_NAME, DEFAULT_SOCKET
+from nri_gpu.plugin.logfmt import DEFAULT_LOG_FORMAT, DEFAULT_LOG_LEVEL, LOG_FORMATS, LOG_LEVELS
 
 # What each of logfmt's formats looks like (a KeyError here: a new format needs its words).
 _FORMAT_DOCS = {"text": "one line per decision, in words", "json": "one object per line, with fields"}

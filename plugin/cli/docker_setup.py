@@ -12,9 +12,9 @@ checked. The file layer keeps, as the containerd edit does, the original bytes
 (``daemon.json.nri-gpu-orig``) and a record (``daemon.json.nri-gpu.json``): uninstall
 restores the file byte for byte (or removes it, when install created it), or, when
 someone edited it since, reverts only ``features.cdi``. Files are read and written
-through ``plugin.config_files`` (by descriptor, links refused). Install also writes
+through ``nri_gpu.plugin.cli.config_files`` (by descriptor, links refused). Install also writes
 the systemd units that rewrite the spec at boot and when the driver changes
-(``plugin.systemd_unit``), checked before anything is written; uninstall removes them.
+(``nri_gpu.plugin.cli.systemd_unit``), checked before anything is written; uninstall removes them.
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from plugin.cdi_conflicts import KIND
-from plugin.config_files import Folder
-from plugin.events import parse_version
-from plugin.runtime_setup import (
+from nri_gpu.plugin.cli.cdi_conflicts import KIND
+from nri_gpu.plugin.cli.config_files import Folder
+from nri_gpu.plugin.cli.runtime_setup import (
     CONFIG_LINK,
     OURS_LINK,
     Result,
@@ -39,7 +38,8 @@ from plugin.runtime_setup import (
     sha256_hex,
     unified_diff,
 )
-from plugin.systemd_unit import install_units, refuse_if_enabled, uninstall_units
+from nri_gpu.plugin.cli.systemd_unit import install_units, refuse_if_enabled, uninstall_units
+from nri_gpu.plugin.events import parse_version
 
 __all__ = [
     "CDI_DEFAULT_SINCE",
@@ -80,7 +80,7 @@ class SpecResult(Result):
 
 @dataclasses.dataclass(frozen=True)
 class Units:
-    """The systemd unit files (``plugin.systemd_unit``) install writes into ``folder``."""
+    """The systemd unit files (``nri_gpu.plugin.cli.systemd_unit``) install writes into ``folder``."""
 
     folder: Path
     texts: dict[str, str]

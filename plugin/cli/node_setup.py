@@ -5,12 +5,12 @@ Theory of operation. The init container has the host's ``/`` read-only at
 
 1. whether something already serves NRI is asked of the NRI socket, and its
    peer's pid kept; where it does and there is no config file, nothing is written
-   (``plugin.node_plan.leave_unwritten``: containerd 2.x needs none);
-2. the config folder is looked up inside the host root (``plugin.node_root``: no
+   (``nri_gpu.plugin.cli.node_plan.leave_unwritten``: containerd 2.x needs none);
+2. the config folder is looked up inside the host root (``nri_gpu.plugin.cli.node_root``: no
    link leads out of it) and ``nri-gpu install`` (``--undo``: ``uninstall``) runs
    on that folder's descriptor, with its usual backup and record beside the config;
    a restart is done when the config changed, or when nothing serves NRI
-   (``plugin.node_plan.restart_needed``);
+   (``nri_gpu.plugin.cli.node_plan.restart_needed``);
 3. the restart, by ``--restart-mode``: ``systemd`` runs the host's ``systemctl
    restart <service>`` chrooted into the host root, after checking that only root
    can change that binary; ``signal`` sends SIGHUP to the daemon found as the
@@ -37,10 +37,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from plugin.config import DEFAULT_NAME, DEFAULT_SOCKET
-from plugin.config_files import FileRefused
-from plugin.events import parse_version
-from plugin.node_plan import (
+from nri_gpu.plugin.cli.config_files import FileRefused
+from nri_gpu.plugin.cli.node_plan import (
     PROCESS_NAME,
     RUNTIME_SOCKET,
     SERVICE,
@@ -52,8 +50,8 @@ from plugin.node_plan import (
     leave_unwritten,
     restart_needed,
 )
-from plugin.node_root import NodeRoot, NodeRootError
-from plugin.runtime_setup import (
+from nri_gpu.plugin.cli.node_root import NodeRoot, NodeRootError
+from nri_gpu.plugin.cli.runtime_setup import (
     CONTAINERD_CONFIG,
     CRIO_DROPIN_DIR,
     CRIO_DROPIN_NAME,
@@ -63,6 +61,8 @@ from plugin.runtime_setup import (
     install,
     uninstall,
 )
+from nri_gpu.plugin.config import DEFAULT_NAME, DEFAULT_SOCKET
+from nri_gpu.plugin.events import parse_version
 
 __all__ = ["COMMAND", "add_command", "main", "run"]
 

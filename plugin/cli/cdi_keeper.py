@@ -13,13 +13,13 @@ the spec then:
   newest inventory handed over wins, older ones are skipped.
 
 Each write does what ``cdi generate --output`` does, checks included: the hook
-must be one only root can change (``plugin.hook_install``), and so must the
+must be one only root can change (``nri_gpu.plugin.cli.hook_install``), and so must the
 spec's folder, everything in it and the way to it (a spec there runs its hook as
 root); the spec is written to a temporary file in the same folder and renamed
-over the name (``plugin.config_files.Folder``: a link at the name is refused,
+over the name (``nri_gpu.plugin.cli.config_files.Folder``: a link at the name is refused,
 never followed). A node whose driver or GPUs are gone gets no spec: the file is
 removed, and the log says so. Another spec of kind ``nvidia.com/gpu`` in the same
-folder (``plugin.cdi_conflicts``) would make the CDI cache drop both: then ours is
+folder (``nri_gpu.plugin.cli.cdi_conflicts``) would make the CDI cache drop both: then ours is
 removed and none written, so that the other one works, and the log names it; one
 in the other standard folder is only logged (the later folder wins).
 """
@@ -33,13 +33,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine import EngineConfig, EngineError, Inventory, InventoryCache, hook_command, spec_warnings
-from plugin.cdi_cli import capabilities, spec_text
-from plugin.cdi_conflicts import SPEC_DIRS, conflicts
-from plugin.compiled_hook import installed_hook
-from plugin.config import CdiConfig
-from plugin.config_files import FileRefused, Folder
-from plugin.hook_install import check_hook, check_tree
+from nri_gpu.engine import EngineConfig, EngineError, Inventory, InventoryCache, hook_command, spec_warnings
+from nri_gpu.plugin.cli.cdi import capabilities, spec_text
+from nri_gpu.plugin.cli.cdi_conflicts import SPEC_DIRS, conflicts
+from nri_gpu.plugin.cli.compiled_hook import installed_hook
+from nri_gpu.plugin.cli.config_files import FileRefused, Folder
+from nri_gpu.plugin.cli.hook_install import check_hook, check_tree
+from nri_gpu.plugin.config import CdiConfig
 
 __all__ = ["SpecKeeper", "WatchedInventory", "keeper_for"]
 

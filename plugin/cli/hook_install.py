@@ -41,6 +41,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import stat
 import subprocess
 from collections.abc import Iterable
@@ -49,6 +50,11 @@ __all__ = ["check_file", "check_folder", "check_hook", "check_imports", "check_i
 
 _HOPS = 40  # symlinks followed in one path, as the kernel's limit
 _ELF_HEAD = 65536  # where every toolchain puts the program headers
+# The sys.path entry of setuptools' editable finder (``pip install -e``): no folder,
+# a key its path hook answers for; the folders it maps nri_gpu's packages to are
+# what ``find_spec`` returns, checked as the packages' folders, and the finder
+# module itself lies in site-packages, checked with it.
+_EDITABLE_HOOK = re.compile(r"__editable__\.[A-Za-z0-9_.+-]+\.finder\.__path_hook__")
 _SHEBANG_LIMIT = 256  # what the kernel reads of a script's #! line
 _QUERY_TIMEOUT = 10.0
 _MAX_PROBLEMS = 20
@@ -65,9 +71,15 @@ if any(os.path.isfile(c) for c in configs):
 print(json.dumps({"path": sys.path, "site": sites}))
 """
 # -I: the hook's own sys.path, and where its packages are (found, not imported).
+# (Finding nri_gpu.plugin imports nri_gpu: a namespace package, which runs no code.)
 _FULL_QUERY = """
 import importlib.util, json, sys
-found = {n: importlib.util.find_spec(n) for n in ("plugin", "engine")}
+def find(name):
+    try:
+        return importlib.util.find_spec(name)
+    except ModuleNotFoundError:
+        return None
+found = {n: find(n) for n in ("nri_gpu.plugin", "nri_gpu.engine")}
 dirs = {n: list(s.submodule_search_locations or []) if s else [] for n, s in found.items()}
 print(json.dumps({"path": sys.path, "packages": dirs}))
 """
@@ -302,10 +314,11 @@ def check_imports(interp: str) -> list[str]:
     full = _query(interp, ("-I",), _FULL_QUERY)
     packages = full.get("packages")
     found = {n: _strings(d) for n, d in packages.items()} if isinstance(packages, dict) else {}
-    for name in ("plugin", "engine"):
+    for name in ("nri_gpu.plugin", "nri_gpu.engine"):
         if not found.get(name):
             problems.append(f"{interp} does not import nri-gpu's package {name!r}")
-    more = [*_strings(full.get("path")), *(d for ds in found.values() for d in ds)]
+    paths = [d for d in _strings(full.get("path")) if not _EDITABLE_HOOK.fullmatch(d)]
+    more = [*paths, *(d for ds in found.values() for d in ds)]
     problems += [p for d in more for p in check_tree(d, seen=seen)]
     return problems
 
@@ -335,7 +348,7 @@ def check_hook(executable: str) -> list[str]:
     """Every reason a non-root user could change what the compiled hook at
     ``executable`` runs; [] when none. It must be an ELF executable: statically
     linked, or with an ELF interpreter that passes the same check."""
-    from engine import elf_interpreter
+    from nri_gpu.engine import elf_interpreter
 
     problems = check_file(executable)
     if problems:

@@ -1,4 +1,4 @@
-"""The ``nri-gpu`` console script: every command goes to ``plugin.__main__``.
+"""The ``nri-gpu`` console script: every command goes to ``nri_gpu.plugin.cli.__main__``.
 
 One word is answered here: ``hook``. Until 0.1 the CDI spec's hook was
 ``nri-gpu hook start-container``, run in Python; the hook is now the compiled
@@ -24,6 +24,6 @@ def main() -> int:
     if sys.argv[1:2] == ["hook"]:
         sys.stderr.write(OLD_SPEC_MESSAGE)
         return 1
-    from plugin.__main__ import main as cli_main
+    from nri_gpu.plugin.cli.__main__ import main as cli_main
 
     return cli_main()

@@ -9,7 +9,7 @@ of what it changed (``<config>.nri-gpu.json``) so that uninstall can restore the
 file byte for byte, or, when someone edited it since, revert only our own keys.
 A second install (another ``--socket``) keeps the first backup and the first
 original values. Every file is read and written by descriptor, and a link where a
-regular file belongs is refused (``plugin.config_files``); a record that is not
+regular file belongs is refused (``nri_gpu.plugin.cli.config_files``); a record that is not
 what we write is refused by name. Nothing here restarts a runtime; the CLI does
 that when asked.
 """
@@ -29,9 +29,9 @@ import tomlkit
 import tomlkit.exceptions
 from tomlkit.items import Table
 
-from plugin.config import DEFAULT_NAME, DEFAULT_SOCKET
-from plugin.config_files import Folder
-from plugin.events import parse_version
+from nri_gpu.plugin.cli.config_files import Folder
+from nri_gpu.plugin.config import DEFAULT_NAME, DEFAULT_SOCKET
+from nri_gpu.plugin.events import parse_version
 
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 CRIO_DROPIN_DIR = "/etc/crio/crio.conf.d"

@@ -18,7 +18,7 @@ Unlike ``nvidia-cdi-refresh.service`` the service has no ``RemainAfterExit``: an
 active (exited) oneshot is not started again, so the path unit's later triggers
 would do nothing.
 
-The text layer is pure; the file layer writes through ``plugin.config_files`` (by
+The text layer is pure; the file layer writes through ``nri_gpu.plugin.cli.config_files`` (by
 descriptor, links refused). A unit file carries a first line of ours: install
 rewrites and uninstall removes only such files, and uninstall refuses while a unit
 is enabled (its ``.wants`` link would dangle): ``systemctl disable`` first, which
@@ -31,9 +31,9 @@ import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from plugin.config_files import Folder
-from plugin.hook_install import check_folder, check_hook, check_install
-from plugin.runtime_setup import OURS_LINK, Result, SetupError, unified_diff
+from nri_gpu.plugin.cli.config_files import Folder
+from nri_gpu.plugin.cli.hook_install import check_folder, check_hook, check_install
+from nri_gpu.plugin.cli.runtime_setup import OURS_LINK, Result, SetupError, unified_diff
 
 __all__ = [
     "PATH_UNIT",

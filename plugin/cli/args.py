@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from plugin.logfmt import DEFAULT_LOG_LEVEL, LOG_LEVELS
+from nri_gpu.plugin.logfmt import DEFAULT_LOG_LEVEL, LOG_LEVELS
 
 __all__ = ["DEFAULT_CONFIG_FILE", "cdi_hook", "node_config", "roots"]
 

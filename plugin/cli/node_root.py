@@ -6,7 +6,7 @@ node is looked up once, relative to one descriptor of the host root, with
 ``openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)``: an absolute link target
 starts again at the host root and ``..`` never climbs above it, as if the
 process were chrooted there. What is found is then used through its descriptor:
-a folder's descriptor is what ``plugin.config_files.Folder`` writes in, a
+a folder's descriptor is what ``nri_gpu.plugin.cli.config_files.Folder`` writes in, a
 socket's is what ``connect(2)`` reaches (through ``/proc/self/fd/N``).
 
 A binary of the node that ``node-setup`` runs (the host's ``systemctl``) must be
@@ -23,7 +23,7 @@ import socket
 import stat
 from types import TracebackType
 
-from engine import open_in_root
+from nri_gpu.engine import open_in_root
 
 __all__ = ["NodeRoot", "NodeRootError", "relative"]
 

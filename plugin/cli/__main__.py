@@ -19,7 +19,7 @@ import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from engine import (
+from nri_gpu.engine import (
     ContainerInfo,
     EngineConfig,
     EngineConfigError,
@@ -34,9 +34,12 @@ from engine import (
     plan_text,
     plan_to_dict,
 )
-from plugin import cdi_cli, cdi_keeper, cli_args, setup_cli
-from plugin.cdi_keeper import WatchedInventory
-from plugin.config import (
+from nri_gpu.plugin.cli import args as cli_args
+from nri_gpu.plugin.cli import cdi as cdi_cli
+from nri_gpu.plugin.cli import cdi_keeper
+from nri_gpu.plugin.cli import install as setup_cli
+from nri_gpu.plugin.cli.cdi_keeper import WatchedInventory
+from nri_gpu.plugin.config import (
     DEFAULT_INDEX,
     DEFAULT_METRICS_ADDRESS,
     DEFAULT_NAME,
@@ -46,12 +49,12 @@ from plugin.config import (
     from_toml,
     parse_address,
 )
-from plugin.errors import RegistrationError
-from plugin.handlers import GpuPlugin
-from plugin.httpd import StatusServer, stub_health
-from plugin.logfmt import DEFAULT_LOG_FORMAT, LOG_FORMATS, make_formatter
-from plugin.metrics import PluginMetrics
-from plugin.stub import Stub
+from nri_gpu.plugin.errors import RegistrationError
+from nri_gpu.plugin.handlers import GpuPlugin
+from nri_gpu.plugin.httpd import StatusServer, stub_health
+from nri_gpu.plugin.logfmt import DEFAULT_LOG_FORMAT, LOG_FORMATS, make_formatter
+from nri_gpu.plugin.metrics import PluginMetrics
+from nri_gpu.plugin.stub import Stub
 
 logger = logging.getLogger("nri-gpu")
 

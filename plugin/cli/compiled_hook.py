@@ -23,7 +23,7 @@ def installed_hook(argv0: str) -> str | None:
     there is none (or it is not an executable file).
 
     ``argv0`` is ``sys.argv[0]``: where it is the console script, the hook is looked for in
-    the folder that script really is in; otherwise (``python -m plugin``) in the scripts
+    the folder that script really is in; otherwise (``python -m nri_gpu.plugin.cli``) in the scripts
     folder of this interpreter's installation (the venv's bin)."""
     if os.path.basename(argv0) == _CONSOLE_SCRIPT and os.path.isfile(argv0):
         folder = os.path.dirname(os.path.realpath(argv0))

@@ -1,5 +1,5 @@
 """The node-setup commands of ``nri-gpu``: ``config default``, ``install``, ``uninstall``
-and ``node-setup`` (the DaemonSet's init step, in ``plugin.node_setup``).
+and ``node-setup`` (the DaemonSet's init step, in ``nri_gpu.plugin.cli.node_setup``).
 
 ``__main__`` has ``add_commands`` add them to its parser; each names its handler here
 (``set_defaults(func=...)``), install and uninstall one per runtime kind (NRI's
@@ -19,12 +19,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from plugin import cli_args, node_setup
-from plugin.cdi_conflicts import conflicts
-from plugin.config import DEFAULT_NAME, ConfigError, Settings, from_toml
-from plugin.config_doc import default_config
-from plugin.config_files import FileRefused
-from plugin.docker_setup import (
+from nri_gpu.plugin.cli import args as cli_args
+from nri_gpu.plugin.cli import node_setup
+from nri_gpu.plugin.cli.cdi_conflicts import conflicts
+from nri_gpu.plugin.cli.config_doc import default_config
+from nri_gpu.plugin.cli.config_files import FileRefused
+from nri_gpu.plugin.cli.docker_setup import (
     DAEMON_JSON,
     DEFAULT_SPEC,
     SpecResult,
@@ -34,8 +34,7 @@ from plugin.docker_setup import (
     parse_docker_version,
     uninstall_spec_runtime,
 )
-from plugin.events import parse_version
-from plugin.runtime_setup import (
+from nri_gpu.plugin.cli.runtime_setup import (
     CONTAINERD_CONFIG,
     CRIO_DROPIN_DIR,
     RUNTIMES,
@@ -47,7 +46,9 @@ from plugin.runtime_setup import (
     parse_runtime_version,
     uninstall,
 )
-from plugin.systemd_unit import UNIT_DIR, disable_command, enable_command, enabled_links, planned_units
+from nri_gpu.plugin.cli.systemd_unit import UNIT_DIR, disable_command, enable_command, enabled_links, planned_units
+from nri_gpu.plugin.config import DEFAULT_NAME, ConfigError, Settings, from_toml
+from nri_gpu.plugin.events import parse_version
 
 CDI_RUNTIMES = ("docker", "podman")  # no NRI: a CDI spec (and Docker's features.cdi)
 _SERVICE = {"containerd": "containerd", "crio": "crio", "docker": "docker"}
@@ -218,9 +219,9 @@ def _spec(args: argparse.Namespace, argv0: str) -> tuple[str, str] | None:
     """The spec ``cdi generate`` would write and the driver root on the host (None, with
     the reason printed, when refused)."""
     # Imported here: the CDI path pulls in the engine, which containerd and CRI-O setup never need.
-    from engine import EngineError, discover_inventory, hook_command
-    from plugin import cdi_cli
-    from plugin.compiled_hook import installed_hook
+    from nri_gpu.engine import EngineError, discover_inventory, hook_command
+    from nri_gpu.plugin.cli import cdi as cdi_cli
+    from nri_gpu.plugin.cli.compiled_hook import installed_hook
 
     try:
         settings = (
@@ -252,8 +253,8 @@ def _spec(args: argparse.Namespace, argv0: str) -> tuple[str, str] | None:
 
 def _units(args: argparse.Namespace, driver_root: str) -> Units | None:
     """The systemd units that run this install's ``cdi generate`` again (None: --no-unit)."""
-    from plugin import cdi_cli
-    from plugin.compiled_hook import installed_hook
+    from nri_gpu.plugin.cli import cdi as cdi_cli
+    from nri_gpu.plugin.cli.compiled_hook import installed_hook
 
     if args.no_unit:
         return None

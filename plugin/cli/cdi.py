@@ -7,7 +7,7 @@ CDI annotation): ``cdi generate`` writes a CDI spec from the node's inventory
 holds (``engine.cdi.hook_work``).
 
 That hook runs as root at every GPU container start, so ``cdi generate`` first
-checks that only root can change it (``plugin.hook_install.check_hook``) and
+checks that only root can change it (``nri_gpu.plugin.cli.hook_install.check_hook``) and
 refuses otherwise; ``--allow-untrusted-hook`` turns the refusal into a warning
 per problem, for test machines.
 
@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from engine import (
+from nri_gpu.engine import (
     HOOK_EXECUTABLE,
     LD_CACHE_MODES,
     Capability,
@@ -39,11 +39,11 @@ from engine import (
     parse_capabilities,
     spec_warnings,
 )
-from plugin import cli_args
-from plugin.cdi_conflicts import conflicts
-from plugin.compiled_hook import installed_hook
-from plugin.config_files import FileRefused, Folder
-from plugin.hook_install import check_hook
+from nri_gpu.plugin.cli import args as cli_args
+from nri_gpu.plugin.cli.cdi_conflicts import conflicts
+from nri_gpu.plugin.cli.compiled_hook import installed_hook
+from nri_gpu.plugin.cli.config_files import FileRefused, Folder
+from nri_gpu.plugin.cli.hook_install import check_hook
 
 _EXECUTABLE = "nri-gpu"
 # Where the README installs nri-gpu, and with it the hook: root's own, named by every spec.
