@@ -11,60 +11,57 @@ from __future__ import annotations
 
 import re
 
-from engine.model import Capability, EntryType
+from nri_gpu.engine.model import Capability, EntryType
 
 C = Capability
 
-# Library stem (file name up to ".so") -> capabilities that bring it.
-_LIBRARIES: dict[str, frozenset[Capability]] = {}
-
-
-def _add(caps: set[Capability], *stems: str) -> None:
-    for stem in stems:
-        _LIBRARIES[stem] = _LIBRARIES.get(stem, frozenset()) | frozenset(caps)
-
-
-_add({C.UTILITY}, "libnvidia-ml", "libnvidia-cfg", "libnvidia-nscq")
+_UTILITY = frozenset({C.UTILITY})
 # video needs the compute libraries too (NVENC/NVDEC sit on CUDA).
-_add(
-    {C.COMPUTE, C.VIDEO},
-    "libcuda",
-    "libcudadebugger",
-    "libnvidia-opencl",
-    "libnvidia-gpucomp",
-    "libnvidia-ptxjitcompiler",
-    "libnvidia-fatbinaryloader",
-    "libnvidia-allocator",
-    "libnvidia-compiler",
-    "libnvidia-pkcs11",
-    "libnvidia-pkcs11-openssl3",
-    "libnvidia-nvvm",
-    "libnvidia-tileiras",
-)
-_add({C.VIDEO}, "libvdpau_nvidia", "libnvidia-encode", "libnvidia-opticalflow", "libnvcuvid")
+_COMPUTE = frozenset({C.COMPUTE, C.VIDEO})
+_VIDEO = frozenset({C.VIDEO})
 # display is graphics plus the modeset device.
-_add(
-    {C.GRAPHICS, C.DISPLAY},
-    "libnvidia-eglcore",
-    "libnvidia-glcore",
-    "libnvidia-tls",
-    "libnvidia-glsi",
-    "libnvidia-fbc",
-    "libnvidia-ifr",
-    "libnvidia-rtcore",
-    "libnvoptix",
-    "libGLX_nvidia",
-    "libEGL_nvidia",
-    "libGLESv2_nvidia",
-    "libGLESv1_CM_nvidia",
-    "libnvidia-glvkspirv",
-    "libnvidia-cbl",
-)
-# The GL and EGL cores need gpucomp; GBM's backend (gbm/nvidia-drm_gbm.so) is the allocator.
-_add({C.GRAPHICS, C.DISPLAY}, "libnvidia-gpucomp", "libnvidia-allocator", "libnvidia-vulkan-producer")
-_add({C.NGX}, "libnvidia-ngx")
+_GRAPHICS = frozenset({C.GRAPHICS, C.DISPLAY})
 
-LIBRARIES: dict[str, frozenset[Capability]] = dict(_LIBRARIES)
+# Library stem (file name up to ".so") -> capabilities that bring it.
+LIBRARIES: dict[str, frozenset[Capability]] = {
+    "libnvidia-ml": _UTILITY,
+    "libnvidia-cfg": _UTILITY,
+    "libnvidia-nscq": _UTILITY,
+    "libcuda": _COMPUTE,
+    "libcudadebugger": _COMPUTE,
+    "libnvidia-opencl": _COMPUTE,
+    # The GL and EGL cores need gpucomp too.
+    "libnvidia-gpucomp": _COMPUTE | _GRAPHICS,
+    "libnvidia-ptxjitcompiler": _COMPUTE,
+    "libnvidia-fatbinaryloader": _COMPUTE,
+    # GBM's backend (gbm/nvidia-drm_gbm.so) is the allocator too.
+    "libnvidia-allocator": _COMPUTE | _GRAPHICS,
+    "libnvidia-compiler": _COMPUTE,
+    "libnvidia-pkcs11": _COMPUTE,
+    "libnvidia-pkcs11-openssl3": _COMPUTE,
+    "libnvidia-nvvm": _COMPUTE,
+    "libnvidia-tileiras": _COMPUTE,
+    "libvdpau_nvidia": _VIDEO,
+    "libnvidia-encode": _VIDEO,
+    "libnvidia-opticalflow": _VIDEO,
+    "libnvcuvid": _VIDEO,
+    "libnvidia-eglcore": _GRAPHICS,
+    "libnvidia-glcore": _GRAPHICS,
+    "libnvidia-tls": _GRAPHICS,
+    "libnvidia-glsi": _GRAPHICS,
+    "libnvidia-fbc": _GRAPHICS,
+    "libnvidia-ifr": _GRAPHICS,
+    "libnvidia-rtcore": _GRAPHICS,
+    "libnvoptix": _GRAPHICS,
+    "libGLX_nvidia": _GRAPHICS,
+    "libEGL_nvidia": _GRAPHICS,
+    "libGLESv2_nvidia": _GRAPHICS,
+    "libGLESv1_CM_nvidia": _GRAPHICS,
+    "libnvidia-glvkspirv": _GRAPHICS,
+    "libnvidia-cbl": _GRAPHICS,
+    "libnvidia-vulkan-producer": _GRAPHICS,
+    "libnvidia-ngx": frozenset({C.NGX}),
+}
 
 # Graphics libraries with versions of their own (egl-gbm 1.1.2, egl-wayland 1.1.18):
 # taken when the file name is ``<stem>.so.<digits>.<digits>[...]``, the toolkit's
