@@ -38,7 +38,6 @@ import json
 import logging
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -46,6 +45,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from nri_gpu.engine.drain import Drained, drain
 from nri_gpu.engine.errors import DiscoveryError
 from nri_gpu.engine.model import Gpu, MigLayout, NvmlGpu, NvmlMigDevice, NvmlSnapshot
 
@@ -308,25 +308,17 @@ def bounded_output(proc: subprocess.Popen[bytes], timeout: float, limit: int) ->
     deadline = time.monotonic() + timeout
     out, err = bytearray(), bytearray()
     streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
-    poller = select.poll()
-    for fd in streams:
-        poller.register(fd, select.POLLIN)
+
+    def keep(fd: int, chunk: bytes) -> bool:
+        streams[fd].extend(chunk)
+        return len(streams[fd]) <= limit
+
     try:
-        while streams:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise subprocess.TimeoutExpired(proc.args, timeout)
-            for fd, _ in poller.poll(max(1, int(left * 1000))):
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    poller.unregister(fd)
-                    del streams[fd]
-                    continue
-                streams[fd].extend(chunk)
-                if len(streams[fd]) > limit:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    streams.clear()
-                    break
+        drained = drain(list(streams), deadline, keep)
+        if drained is Drained.TIMED_OUT:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        if drained is Drained.STOPPED:
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(max(0.0, deadline - time.monotonic()))
     except BaseException:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import fcntl
 import os
-import select
 import signal
 import stat
 import time
 
+from nri_gpu.engine.drain import Drained, drain
 from nri_gpu.engine.errors import DiscoveryError
 from nri_gpu.engine.ldcache import MAX_CACHE_SIZE, LdCache, LdCacheLimit, parse_ld_so_cache, read_ld_so_cache
 from nri_gpu.engine.ldcache_merge import encode
@@ -351,17 +351,12 @@ def _output_tmpfs() -> int:
 
 def _collect(fd: int, deadline: float) -> tuple[bytes, bool]:
     """The tail of ldconfig's output until it closes it; (tail, timed out)."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
     tail = bytearray()
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return bytes(tail), True
-        if not poller.poll(max(1, int(left * 1000))):
-            continue
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            return bytes(tail), False
-        tail += chunk
+
+    def keep(_: int, chunk: bytes) -> bool:
+        tail.extend(chunk)
         del tail[:-_TAIL]
+        return True
+
+    timed_out = drain([fd], deadline, keep) is Drained.TIMED_OUT
+    return bytes(tail), timed_out
