@@ -1,7 +1,7 @@
 //! The procfs view (`procview`, `procsource`) built on a fake container root, as
 //! tests/integration/test_start.py and test_start_mig.py hold the Python's on
 //! runc containers: a simulated node's `proc/driver` tree (the layout of
-//! tests/testbed/gpunode.py), a container root whose `/proc` is a real procfs
+//! hack/testbed/gpunode.py), a container root whose `/proc` is a real procfs
 //! mount (no driver in it: the view goes over `/proc/driver`, as on a simulated
 //! node), and the results read back through /proc/self/mountinfo and the files.
 //!

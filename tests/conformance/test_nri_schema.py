@@ -231,7 +231,7 @@ def our_schema(workdir: Path) -> Schema:
 
 def _upstream_proto(suite: str) -> Path:
     """Download and unpack the Debian package; skip when that is impossible."""
-    from tests.testbed import debs
+    from testbed import debs
 
     try:
         root = debs.extract(PACKAGE, suite)
@@ -333,7 +333,7 @@ def test_standalone_copy_strips_unshipped_imports(tmp_path: Path) -> None:
 
 
 def test_skips_only_when_the_mirror_is_unreachable(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.testbed import debs
+    from testbed import debs
 
     def offline(package: str, suite: str) -> Path:
         raise debs.DebUnavailable("mirror unreachable")

@@ -25,9 +25,9 @@ from typing import Any, Protocol
 
 import pytest
 
-from tests.testbed import cudart, hostile
-from tests.testbed.gpunode import SimNode
-from tests.testbed.images import GLIBC, Image
+from testbed import cudart, hostile
+from testbed.gpunode import SimNode
+from testbed.images import GLIBC, Image
 
 from .conftest import _cannot_run
 from .test_hostile_images import BAIT, LIBCUDA_LINE, PROBLEM_WORDS, Bait

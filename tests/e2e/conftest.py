@@ -1,4 +1,4 @@
-"""Fixtures for end-to-end tests against real containerd daemons (see tests/testbed).
+"""Fixtures for end-to-end tests against real containerd daemons (see hack/testbed).
 
 * ``containerd`` (session, parametrized "containerd-1.7" / "containerd-2.1"): a started
   daemon with the test images imported, as a ``Testbed`` (``.containerd``, ``.cri``).
@@ -27,12 +27,12 @@ from typing import Any
 import pytest
 
 from nri_gpu.plugin.cli.hook_install import check_hook
-from tests.testbed import debs, images, runtimes
-from tests.testbed.containerd import Containerd, reap_stale
-from tests.testbed.cri import CriClient
-from tests.testbed.gpunode import SimNode, build_node
-from tests.testbed.images import Image
-from tests.testbed.plugins import NRI_GPU, NRI_GPU_HOOK, NriGpuProcess
+from testbed import debs, images, runtimes
+from testbed.containerd import Containerd, reap_stale
+from testbed.cri import CriClient
+from testbed.gpunode import SimNode, build_node
+from testbed.images import Image
+from testbed.plugins import NRI_GPU, NRI_GPU_HOOK, NriGpuProcess
 
 _IDS = {"1.7.24": "containerd-1.7", "2.1.9": "containerd-2.1"}
 

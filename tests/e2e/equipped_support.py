@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.testbed.cri import CriClient
-from tests.testbed.gpunode import SimNode
-from tests.testbed.images import GLIBC
+from testbed.cri import CriClient
+from testbed.gpunode import SimNode
+from testbed.images import GLIBC
 
 SLEEP = ["sh", "-c", "sleep 3600"]
 KIND = "k8s.device-plugin.nvidia.com/gpu"  # the device plugin's cdi-annotations vendor

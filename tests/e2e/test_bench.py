@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from tests.testbed.bench import __main__ as bench
-from tests.testbed.bench.logparse import parse_log
-from tests.testbed.bench.report import render
-from tests.testbed.bench.session import VARIANTS
-from tests.testbed.bench.stats import grows, percentile, summarize
-from tests.testbed.plugins import ROOT as CHECKOUT
+from testbed.bench import __main__ as bench
+from testbed.bench.logparse import parse_log
+from testbed.bench.report import render
+from testbed.bench.session import VARIANTS
+from testbed.bench.stats import grows, percentile, summarize
+from testbed.plugins import ROOT as CHECKOUT
 
 from .conftest import _cannot_run, _preflight
 

@@ -23,10 +23,10 @@ import pytest
 
 from nri_gpu.engine.cdi import HOOK_TIMEOUT, HOOK_WORK_VERSION
 from nri_gpu.plugin.cli.entry import OLD_SPEC_MESSAGE
-from tests.testbed.cri import CriClient, CriError
-from tests.testbed.gpunode import SimNode
-from tests.testbed.images import GLIBC
-from tests.testbed.plugins import NriGpuProcess
+from testbed.cri import CriClient, CriError
+from testbed.gpunode import SimNode
+from testbed.images import GLIBC
+from testbed.plugins import NriGpuProcess
 
 from .conftest import NRI_GPU, NRI_GPU_HOOK, Testbed, write_cdi_spec
 

@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.testbed import debs
-from tests.testbed.cri import CriClient
-from tests.testbed.gpunode import SimNode, build_node, run_ldconfig
-from tests.testbed.images import GLIBC
-from tests.testbed.plugins import NriGpuProcess
+from testbed import debs
+from testbed.cri import CriClient
+from testbed.gpunode import SimNode, build_node, run_ldconfig
+from testbed.images import GLIBC
+from testbed.plugins import NriGpuProcess
 
 from .conftest import NRI_GPU_HOOK, Testbed, _cannot_run
 

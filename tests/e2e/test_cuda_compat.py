@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.testbed import images
-from tests.testbed.cri import CriClient
-from tests.testbed.cudacompat import COMPAT_VERSION, IMAGE, compat_image
-from tests.testbed.gpunode import SimNode
-from tests.testbed.plugins import NriGpuProcess
+from testbed import images
+from testbed.cri import CriClient
+from testbed.cudacompat import COMPAT_VERSION, IMAGE, compat_image
+from testbed.gpunode import SimNode
+from testbed.plugins import NriGpuProcess
 
 from .conftest import Testbed, probe_image
 

@@ -1,6 +1,6 @@
 """The plugin's own image, run as its DaemonSet would run it, serves GPU pods.
 
-The image (``localhost/nri-gpu/nri-gpu:dev``, tests/testbed/plugin_image.py) runs as
+The image (``localhost/nri-gpu/nri-gpu:dev``, hack/testbed/plugin_image.py) runs as
 a CRI pod and container on real containerd 1.7.24 and 2.1.9, as deploy/daemonset.yaml
 describes it: that file's args after the image's entrypoint, its namespaces (the
 host's PID; a network namespace of its own, set up by a CNI plugin as on a cluster),
@@ -40,13 +40,13 @@ import pytest
 import yaml
 
 from nri_gpu.plugin.config import Settings, from_toml, parse_address
-from tests.testbed import debs, images
-from tests.testbed.bundle import MASKED_PATHS, READONLY_PATHS
-from tests.testbed.cri import CriClient, CriError
-from tests.testbed.gpunode import SimNode
-from tests.testbed.images import GLIBC
-from tests.testbed.plugin_image import IMAGE, plugin_image
-from tests.testbed.plugins import wait_until
+from testbed import debs, images
+from testbed.bundle import MASKED_PATHS, READONLY_PATHS
+from testbed.cri import CriClient, CriError
+from testbed.gpunode import SimNode
+from testbed.images import GLIBC
+from testbed.plugin_image import IMAGE, plugin_image
+from testbed.plugins import wait_until
 
 from .conftest import Testbed
 

@@ -6,7 +6,7 @@ Docker never reaches NRI (it is no CRI client): dockerd injects from
 (the compiled ``nri-gpu-hook``).
 CDI is on by default from 28.2; 25.0 to 28.1 need ``"features": {"cdi": true}``,
 which the test bed sets for 26.1.5, and test_cdi_without_the_features_key checks
-both sides of that line. dockerd runs from the test bed (tests/testbed/docker.py)
+both sides of that line. dockerd runs from the test bed (hack/testbed/docker.py)
 over a private containerd 2.1.9 and runc 1.1.5, with its own data and exec roots,
 no network set-up, ``cgroupfs``, and ``cdi-spec-dirs`` naming a private folder: the
 module's spec goes there, so nothing is written to ``/etc/cdi`` or ``/var/run/cdi``
@@ -38,10 +38,10 @@ from typing import Any
 
 import pytest
 
-from tests.testbed import debs, images
-from tests.testbed.docker import VERSIONS, Docker
-from tests.testbed.gpunode import SimNode
-from tests.testbed.images import GLIBC
+from testbed import debs, images
+from testbed.docker import VERSIONS, Docker
+from testbed.gpunode import SimNode
+from testbed.images import GLIBC
 
 from .cdi_runtime_cases import (  # noqa: F401  (the shared tests, collected here once per version)
     assert_gpus,

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.testbed.cri import CriClient, CriError
-from tests.testbed.gpunode import SimNode
-from tests.testbed.plugins import NriGpuProcess
+from testbed.cri import CriClient, CriError
+from testbed.gpunode import SimNode
+from testbed.plugins import NriGpuProcess
 
 from .conftest import Testbed
 from .equipped_support import run, sh, write_other_spec

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.testbed.cri import CriClient, CriError
-from tests.testbed.gpunode import FS_MAJOR, GDRDRV_MAJOR, IMEX_MAJOR, NVSWITCH_MAJOR, UVERBS_MAJOR, SimNode, build_node
-from tests.testbed.images import GLIBC
-from tests.testbed.plugins import NriGpuProcess
+from testbed.cri import CriClient, CriError
+from testbed.gpunode import FS_MAJOR, GDRDRV_MAJOR, IMEX_MAJOR, NVSWITCH_MAJOR, UVERBS_MAJOR, SimNode, build_node
+from testbed.images import GLIBC
+from testbed.plugins import NriGpuProcess
 
 from .conftest import Testbed
 

@@ -35,10 +35,10 @@ import pytest
 from nri_gpu.engine.config import EngineConfig
 from nri_gpu.plugin._proto import nri_pb2 as api
 from nri_gpu.plugin.handlers import GpuPlugin
-from tests.testbed.cri import CriClient, CriError, StatusCode
-from tests.testbed.gpunode import SimGpu, SimNode, build_node
-from tests.testbed.images import GLIBC
-from tests.testbed.plugins import (
+from testbed.cri import CriClient, CriError, StatusCode
+from testbed.gpunode import SimGpu, SimNode, build_node
+from testbed.images import GLIBC
+from testbed.plugins import (
     NriGpuProcess,
     PluginThread,
     free_tcp_port,

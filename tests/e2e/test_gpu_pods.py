@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from tests.testbed.cri import CriClient, CriError
-from tests.testbed.gpunode import SimNode
-from tests.testbed.images import GLIBC
-from tests.testbed.plugins import NriGpuProcess
+from testbed.cri import CriClient, CriError
+from testbed.gpunode import SimNode
+from testbed.images import GLIBC
+from testbed.plugins import NriGpuProcess
 
 from .conftest import Testbed
 

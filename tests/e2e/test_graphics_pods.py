@@ -1,6 +1,6 @@
 """Graphics on real containerd 1.7.24 and 2.1.9: a container asking for ``graphics``
 on one GPU of the simulated 4-GPU node runs Debian's Vulkan loader (``vkprobe``,
-tests/testbed/vulkan_image.py), which finds the NVIDIA ICD manifest nri-gpu mounted,
+hack/testbed/vulkan_image.py), which finds the NVIDIA ICD manifest nri-gpu mounted,
 loads NVIDIA's ``libGLX_nvidia.so.0`` and its driver libraries, and fails only for
 want of a kernel driver (``VK_ERROR_INCOMPATIBLE_DRIVER``), as nvidia-smi does. The
 container has the DRM nodes of exactly its GPU and the ``EGLVisibleDGPUDevices``
@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 
 from nri_gpu.engine.graphics import APP_PROFILE_PATH, app_profile_text
-from tests.testbed import images
-from tests.testbed.cri import CriClient
-from tests.testbed.gpunode import DRM_MAJOR, SimNode
-from tests.testbed.plugins import NriGpuProcess
-from tests.testbed.vulkan_image import IMAGE, PROBE, vulkan_image
+from testbed import images
+from testbed.cri import CriClient
+from testbed.gpunode import DRM_MAJOR, SimNode
+from testbed.plugins import NriGpuProcess
+from testbed.vulkan_image import IMAGE, PROBE, vulkan_image
 
 from .conftest import Testbed, probe_image
 

@@ -30,10 +30,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.testbed.cri import CriClient, CriError
-from tests.testbed.gpunode import SimNode, build_node
-from tests.testbed.images import GLIBC
-from tests.testbed.plugins import NriGpuProcess
+from testbed.cri import CriClient, CriError
+from testbed.gpunode import SimNode, build_node
+from testbed.images import GLIBC
+from testbed.plugins import NriGpuProcess
 
 from .conftest import Testbed, write_cdi_spec
 

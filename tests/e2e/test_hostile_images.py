@@ -3,7 +3,7 @@ replayed against ``nri-gpu run`` on real containerd 1.7.24 and 2.1.9, and agains
 the CDI path (containerd's CDI support running the compiled hook, ``nri-gpu-hook
 start-container``, before ``pivot_root``, where the host's files are still in reach).
 
-Each image (tests/testbed/hostile.py) points a link at a HOST "bait" tree under
+Each image (hack/testbed/hostile.py) points a link at a HOST "bait" tree under
 ``/tmp/nri-gpu-bait``, which every test re-creates with a fresh random token and
 snapshots (type, mode, owner, size, mtime, inode and sha256 of every entry; plus the
 host's own /etc/ld.so.cache and /etc/ld.so.conf.d, ``/tmp/preload-marks`` and the whole
@@ -45,11 +45,11 @@ from typing import Any
 
 import pytest
 
-from tests.testbed import hostile, images
-from tests.testbed.cri import CriClient, CriError
-from tests.testbed.gpunode import SimNode
-from tests.testbed.images import GLIBC
-from tests.testbed.plugins import NriGpuProcess
+from testbed import hostile, images
+from testbed.cri import CriClient, CriError
+from testbed.gpunode import SimNode
+from testbed.images import GLIBC
+from testbed.plugins import NriGpuProcess
 
 from .conftest import Testbed, write_cdi_spec
 

@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.testbed.cri import CriClient
-from tests.testbed.gpunode import SimNode
-from tests.testbed.images import GLIBC
+from testbed.cri import CriClient
+from testbed.gpunode import SimNode
+from testbed.images import GLIBC
 
 from .conftest import Testbed
 from .test_faults import assert_fully_equipped, registrations, start_plugin, view_of

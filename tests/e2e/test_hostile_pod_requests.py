@@ -28,10 +28,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.testbed.cri import CriClient, CriError
-from tests.testbed.gpunode import SimNode
-from tests.testbed.images import GLIBC
-from tests.testbed.plugins import NriGpuProcess, free_tcp_port
+from testbed.cri import CriClient, CriError
+from testbed.gpunode import SimNode
+from testbed.images import GLIBC
+from testbed.plugins import NriGpuProcess, free_tcp_port
 
 from .conftest import Testbed
 

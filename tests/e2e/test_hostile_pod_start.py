@@ -42,13 +42,13 @@ from nri_gpu.engine.start import find_init_pid, runner
 from nri_gpu.plugin._proto import nri_pb2 as api
 from nri_gpu.plugin.errors import PluginError
 from nri_gpu.plugin.handlers import GpuPlugin
+from testbed import hostile, images
+from testbed.cri import CriClient
+from testbed.gpunode import SimNode
+from testbed.images import BUSYBOX
+from testbed.openwatch import OpenWatch
+from testbed.plugins import PluginThread
 from tests.integration.startcall import killing_at
-from tests.testbed import hostile, images
-from tests.testbed.cri import CriClient
-from tests.testbed.gpunode import SimNode
-from tests.testbed.images import BUSYBOX
-from tests.testbed.openwatch import OpenWatch
-from tests.testbed.plugins import PluginThread
 
 from .conftest import Testbed
 

@@ -21,10 +21,10 @@ from nri_gpu.engine.config import EngineConfig
 from nri_gpu.engine.discover import discover
 from nri_gpu.engine.model import MigDevice
 from nri_gpu.engine.selection import mig_devices
-from tests.testbed.cri import CriClient, CriError
-from tests.testbed.gpunode import CAPS_MAJOR, SimNode, build_node, reconfigure_mig
-from tests.testbed.images import GLIBC
-from tests.testbed.plugins import NriGpuProcess
+from testbed.cri import CriClient, CriError
+from testbed.gpunode import CAPS_MAJOR, SimNode, build_node, reconfigure_mig
+from testbed.images import GLIBC
+from testbed.plugins import NriGpuProcess
 
 from .conftest import Testbed, write_cdi_spec
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from tests.testbed.cri import CriClient, CriError
-from tests.testbed.gpunode import SimNode, build_node, cap_minor
-from tests.testbed.images import GLIBC
-from tests.testbed.plugins import NriGpuProcess
+from testbed.cri import CriClient, CriError
+from testbed.gpunode import SimNode, build_node, cap_minor
+from testbed.images import GLIBC
+from testbed.plugins import NriGpuProcess
 
 from .conftest import Testbed
 

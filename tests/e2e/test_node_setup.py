@@ -30,9 +30,9 @@ from typing import Any
 
 import pytest
 
-from tests.testbed.gpunode import SimNode
-from tests.testbed.images import GLIBC
-from tests.testbed.plugins import wait_until
+from testbed.gpunode import SimNode
+from testbed.images import GLIBC
+from testbed.plugins import wait_until
 
 from .conftest import Testbed
 from .test_daemonset import SLEEP, Manifest, Sandbox, run_plugin_pod, run_sandbox, sh, start_container

@@ -17,9 +17,9 @@ import pytest
 
 from nri_gpu.plugin._proto import nri_pb2 as api
 from nri_gpu.plugin.errors import PluginError
-from tests.testbed.cri import CriClient, CriError
-from tests.testbed.gpunode import SimNode, build_node
-from tests.testbed.plugins import ROOT, NriGpuProcess, PluginThread, wait_until
+from testbed.cri import CriClient, CriError
+from testbed.gpunode import SimNode, build_node
+from testbed.plugins import ROOT, NriGpuProcess, PluginThread, wait_until
 
 from .conftest import Testbed
 

@@ -4,7 +4,7 @@
 podman never reaches NRI: it injects from ``nri-gpu cdi generate``'s spec itself
 (CDI library 0.5.x: ``cdiVersion`` up to 0.5.0, unknown fields refused) and runc
 runs our ``createContainer`` hook (the compiled ``nri-gpu-hook``). podman runs from the test bed
-(tests/testbed/podman.py) with a private root and configuration, runc 1.1.5,
+(hack/testbed/podman.py) with a private root and configuration, runc 1.1.5,
 ``cgroupfs``, ``--network none`` and explicit ulimits.
 
 podman 4.3 reads specs only from ``/etc/cdi`` and ``/var/run/cdi``, so the module
@@ -16,7 +16,7 @@ skip, saying so (a failure with ``NRI_GPU_E2E_REQUIRE=1``).
 
 Each container is one ``podman run --rm`` whose script prints what the test checks:
 the device nodes, ``/proc/driver/nvidia/gpus``, ``ldconfig -p``. The hostile images
-(tests/testbed/hostile.py) run the same way; the host's bait tree must be untouched
+(hack/testbed/hostile.py) run the same way; the host's bait tree must be untouched
 and each container either runs with its GPU, or is refused with a message naming
 the problem (never a traceback). The checks, the hostile cases' verdicts and the CUDA
 runtime probe are tests/e2e/cdi_runtime_cases.py's, shared with Docker's module.
@@ -33,10 +33,10 @@ from typing import Any
 
 import pytest
 
-from tests.testbed import debs, images
-from tests.testbed.gpunode import SimNode
-from tests.testbed.images import GLIBC
-from tests.testbed.podman import VERSIONS, Podman, SpecFolderTaken, shared_spec_path
+from testbed import debs, images
+from testbed.gpunode import SimNode
+from testbed.images import GLIBC
+from testbed.podman import VERSIONS, Podman, SpecFolderTaken, shared_spec_path
 
 from .cdi_runtime_cases import (  # noqa: F401  (the shared tests, collected here once per version)
     assert_gpus,

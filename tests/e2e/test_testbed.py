@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.testbed import demo, hostops
-from tests.testbed.cri import CriClient, CriError
-from tests.testbed.images import BUSYBOX
+from testbed import demo, hostops
+from testbed.cri import CriClient, CriError
+from testbed.images import BUSYBOX
 
 from .conftest import Testbed, _cannot_run, _preflight
 

@@ -160,7 +160,7 @@ class Bundle:
 
 def image_root(bundle: Bundle, lower: Path, prepare: Callable[[Path], None] | None = None) -> None:
     """Make ``bundle``'s root an overlay of the image tree ``lower``, as runc's
-    containers in tests.testbed.bundle get (so the two start from the same files),
+    containers in testbed.bundle get (so the two start from the same files),
     then ``prepare(rootfs)``. The overlay is the host's: unmount it (``hostops.unmount_under``)."""
     upper, work = bundle.path / "upper", bundle.path / "work"
     upper.mkdir()

@@ -1,5 +1,5 @@
-"""The simulated GPU node of the test bed (tests/testbed/gpunode.py) and the real
-ld.so.cache files of tests/testbed/ldcaches.py.
+"""The simulated GPU node of the test bed (hack/testbed/gpunode.py) and the real
+ld.so.cache files of hack/testbed/ldcaches.py.
 
 The engine's tests trust these nodes to look like a host with driver 550.163.01 loaded,
 so the node's own properties are checked here with the system's tools (glibc's
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.testbed import debs, gpunode, ldcaches
-from tests.testbed.gpunode import SimNode, build_node
+from testbed import debs, gpunode, ldcaches
+from testbed.gpunode import SimNode, build_node
 
 LIB64 = "/usr/lib/x86_64-linux-gnu"
 LIB32 = "/usr/lib/i386-linux-gnu"

@@ -20,7 +20,7 @@ from nri_gpu.engine.graphics import APP_PROFILE_PATH, app_profile_text
 from nri_gpu.engine.model import Capability as C
 from nri_gpu.engine.model import DeviceKind, FileKind
 from nri_gpu.engine.report import plan_text, plan_to_dict
-from tests.testbed.gpunode import DRM_MAJOR, SimNode
+from testbed.gpunode import DRM_MAJOR, SimNode
 from tests.unit.engine import golden
 from tests.unit.engine.test_plan import GOLDEN, Node, _normalize, cuda_12_4
 

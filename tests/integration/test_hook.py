@@ -21,7 +21,7 @@ config.json's bounds and messages, the time limit, usage errors, a work
 description of another version, CUDA compatibility, the IPC endpoints' check,
 the rebuild mode, a read-only root, hostile roots, a second run.
 
-The nodes are simulated (tests/testbed/gpunode.py, the committed fixture driver:
+The nodes are simulated (hack/testbed/gpunode.py, the committed fixture driver:
 nothing downloaded but the test image and runc). What runs the hook on a container
 root needs root (mount namespaces, runc); without it, and without the binary
 (hack/setup builds it), the tests skip saying why, and ``NRI_GPU_E2E_REQUIRE=1``
@@ -54,15 +54,15 @@ from nri_gpu.engine.model import DEFAULT_CAPABILITIES, Capability, Inventory, Nv
 from nri_gpu.engine.plan import plan as make_plan
 from nri_gpu.engine.request import ByIndex, ByMigPlacement, GpuRequest, Selection
 from nri_gpu.engine.start import StartWork, start_work
+from testbed import debs, hostops
+from testbed.bundle import RuncHost, busybox_rootfs
+from testbed.cudacompat import COMPAT_VERSION, install_compat
+from testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, NVIDIA_MAJOR, SimNode, build_node, cap_minor, run_ldconfig
+from testbed.openwatch import OpenWatch
 from tests.integration import hookrun
 from tests.integration.hookrun import Bundle, Result, Spec, call, comparable, run_hook, tree_of_container
 from tests.integration.startcall import run_start
 from tests.integration.test_start import MPS, PERSISTENCED, ipc_host  # noqa: F401
-from tests.testbed import debs, hostops
-from tests.testbed.bundle import RuncHost, busybox_rootfs
-from tests.testbed.cudacompat import COMPAT_VERSION, install_compat
-from tests.testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, NVIDIA_MAJOR, SimNode, build_node, cap_minor, run_ldconfig
-from tests.testbed.openwatch import OpenWatch
 
 LIB = "/usr/lib/x86_64-linux-gnu"
 WHO = "c1"  # the container as the hook names it: the OCI state's id
@@ -756,7 +756,7 @@ def test_a_fifo_among_the_images_conf_files_costs_the_rebuild_its_deadline_only(
 @pytest.fixture(scope="module")
 def compat_lib(binary: Path) -> None:
     try:
-        from tests.testbed.cudacompat import libcuda
+        from testbed.cudacompat import libcuda
 
         libcuda()
     except debs.DebUnavailable as exc:

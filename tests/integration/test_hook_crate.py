@@ -1,7 +1,7 @@
 """The compiled hook's own tests (the ``hook/`` crate), run with the suite.
 
 ``cargo test --release`` with the cargo hack/setup builds the hook with
-(``tests.testbed.rust_toolchain``), into the checkout's ``hook/target`` as
+(``testbed.rust_toolchain``), into the checkout's ``hook/target`` as
 hack/setup does (so a current build is reused). Besides the unit tests, two
 suites have a ``main()`` of their own (``harness = false``: the mounts need a
 private mount namespace, which libtest's threads forbid): ``procview`` (the
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from testbed import rust_toolchain
 from tests.integration.hookrun import cannot_run
-from tests.testbed import rust_toolchain
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMAND = [

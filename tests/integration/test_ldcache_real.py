@@ -1,5 +1,5 @@
 """The ld.so.cache parser (engine.ldcache) on caches the real ldconfig wrote of
-NVIDIA's own 550.163.01 libraries, 64-bit and i386 (tests/testbed/ldcaches.py),
+NVIDIA's own 550.163.01 libraries, 64-bit and i386 (hack/testbed/ldcaches.py),
 checked against glibc's own reader. Integration, not unit: it needs NVIDIA's files
 (downloaded once); the unit tests (tests/unit/engine/test_ldcache.py) use caches of
 this host's libraries and of the committed fixture.
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from nri_gpu.engine.ldcache import parse_ld_so_cache
-from tests.testbed import ldcaches
-from tests.testbed.debs import DebUnavailable
+from testbed import ldcaches
+from testbed.debs import DebUnavailable
 from tests.unit.engine.test_ldcache import _PRINTED_TYPE, rows
 
 NVIDIA_KINDS = ("new", "old", "compat", "new-hwcaps")
@@ -19,7 +19,7 @@ NVIDIA_KINDS = ("new", "old", "compat", "new-hwcaps")
 
 @pytest.mark.parametrize("kind", NVIDIA_KINDS)
 def test_caches_of_the_real_nvidia_driver_libraries(kind: str) -> None:
-    """The 550.163.01 driver's libraries, 64-bit and i386, in a cache the real ldconfig wrote (tests/testbed)."""
+    """The 550.163.01 driver's libraries, 64-bit and i386, in a cache the real ldconfig wrote (hack/testbed)."""
     try:
         data = ldcaches.real_cache(kind)
     except DebUnavailable as exc:

@@ -18,8 +18,8 @@ import pytest
 from nri_gpu.engine import nvml
 from nri_gpu.engine.discover import discover
 from nri_gpu.engine.nvml import read_nvml
-from tests.testbed import nvmlsim
-from tests.testbed.gpunode import LIB64, SimNode, build_node, driver_tree
+from testbed import nvmlsim
+from testbed.gpunode import LIB64, SimNode, build_node, driver_tree
 from tests.unit.engine.test_discover_nvml import config_for, no_cuda
 
 
@@ -105,7 +105,7 @@ def test_every_symbol_the_simulated_library_exports_is_in_the_real_550_library()
 
 
 def test_simulate_gpu_node_nvml_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.testbed import gpunode
+    from testbed import gpunode
 
     assert gpunode.main([str(tmp_path / "sim"), "--gpus", "2", "--mig", "0:2.0.1.2"]) == 0
     assert "NVML (sim): GPU 0: 0:0=gi2/ci0 0:2=gi2/ci1 0:3=gi2/ci2\n" in capsys.readouterr().out

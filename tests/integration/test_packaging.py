@@ -15,7 +15,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tests.testbed.bench.cdi import install_nri_gpu
+from testbed.bench.cdi import install_nri_gpu
 
 
 def _other_distribution(where: Path) -> Path:

@@ -15,7 +15,7 @@ import pytest
 import tomlkit
 
 from nri_gpu.plugin.cli.runtime_setup import NRI_TABLE, backup_path
-from tests.testbed import debs, runtimes
+from testbed import debs, runtimes
 from tests.unit.plugin.test_runtime_setup import HAND_WRITTEN, cli, files
 
 

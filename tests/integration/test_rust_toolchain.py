@@ -1,6 +1,6 @@
 """The compiled hook (hook/) builds with the oldest toolchain it declares: Debian bookworm's
 rustc 1.63 and cargo (hook/Cargo.toml's ``rust-version``), as hack/setup's fallback fetches
-them (tests/testbed/rust_toolchain.py), offline and statically linked, as pyproject.toml
+them (hack/testbed/rust_toolchain.py), offline and statically linked, as pyproject.toml
 builds it; its tests compile with it too. The toolchain the project builds with day to day
 is newer and accepts code 1.63 does not: this is where that is caught.
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.testbed import rust_toolchain
-from tests.testbed.debs import DebUnavailable
+from testbed import rust_toolchain
+from testbed.debs import DebUnavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ["--locked", "--offline", "--manifest-path", "hook/Cargo.toml", "--config", "hook/.cargo/config.toml"]

@@ -4,7 +4,7 @@ Each test makes a container with ``runc create`` (the state containerd leaves a
 container in when it sends NRI StartContainer), runs ``engine.start`` on its init
 pid, then starts it: the container's own process prints what it sees. Host-side
 reads through the container's overlay (``Container.rootfs``) are for assertions
-only. The GPU node is simulated (``tests.testbed.gpunode``): real NVIDIA 550.163.01
+only. The GPU node is simulated (``testbed.gpunode``): real NVIDIA 550.163.01
 libraries, a fake procfs, so the procfs view's source is a host directory; one
 test mounts that directory over the container's ``/proc/driver`` first to take the
 real-node path (the container's own ``/proc/driver/nvidia`` as the source).
@@ -53,11 +53,11 @@ from nri_gpu.engine.start import (
     syscalls,
 )
 from nri_gpu.engine.start.rootdir import RootDir
+from testbed import debs
+from testbed.bundle import Container, RuncHost, busybox_rootfs
+from testbed.gpunode import SimNode, build_node, run_ldconfig
+from testbed.openwatch import OpenWatch
 from tests.integration.startcall import killing_at, run_start
-from tests.testbed import debs
-from tests.testbed.bundle import Container, RuncHost, busybox_rootfs
-from tests.testbed.gpunode import SimNode, build_node, run_ldconfig
-from tests.testbed.openwatch import OpenWatch
 
 WHO = 'container "main" in pod "ns/p"'
 LIB = "/usr/lib/x86_64-linux-gnu"

@@ -19,11 +19,11 @@ import pytest
 from nri_gpu.engine.ldcache import parse_ld_so_cache
 from nri_gpu.engine.model import Plan
 from nri_gpu.engine.start import StartWork
+from testbed import debs
+from testbed.bundle import RuncHost
+from testbed.cudacompat import COMPAT_VERSION, build_probe, install_compat
+from testbed.gpunode import run_ldconfig
 from tests.integration.test_start import LIB, _cannot_run, gcc, node, plan, runc, start, work  # noqa: F401
-from tests.testbed import debs
-from tests.testbed.bundle import RuncHost
-from tests.testbed.cudacompat import COMPAT_VERSION, build_probe, install_compat
-from tests.testbed.gpunode import run_ldconfig
 
 COMPAT = "/usr/local/cuda/compat"
 

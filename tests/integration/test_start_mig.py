@@ -4,7 +4,7 @@ A MIG device's container must see the access files of its GPU instance and
 compute instance under ``/proc/driver/nvidia/capabilities`` (libcuda and NVML read
 them) and nothing else there; a monitor or config grant adds ``mig/monitor`` or
 ``mig/config``, and config the whole folder, live. The node is simulated
-(``tests.testbed.gpunode`` with ``mig=``): GPU 2 has GPU instances 2 (compute
+(``testbed.gpunode`` with ``mig=``): GPU 2 has GPU instances 2 (compute
 instances 0 and 1) and 3 (compute instance 0). The start work is made by hand
 from a ``Plan`` holding what the planner gives a MIG device.
 
@@ -23,11 +23,11 @@ import pytest
 from nri_gpu.engine.errors import StartError
 from nri_gpu.engine.model import Plan
 from nri_gpu.engine.start import StartWork, start_work
+from testbed import debs
+from testbed.bundle import Container, RuncHost
+from testbed.gpunode import MigSpec, SimNode, build_node, reconfigure_mig
 from tests.integration.startcall import run_start
 from tests.integration.test_start import WHO, _attach, _cannot_run, mounts, start
-from tests.testbed import debs
-from tests.testbed.bundle import Container, RuncHost
-from tests.testbed.gpunode import MigSpec, SimNode, build_node, reconfigure_mig
 
 MIG: MigSpec = {2: [(2, [0, 1]), (3, [0])]}
 CAPS = "/proc/driver/nvidia/capabilities"

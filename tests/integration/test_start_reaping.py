@@ -24,6 +24,7 @@ import pytest
 from nri_gpu.engine.errors import StartError
 from nri_gpu.engine.model import Plan
 from nri_gpu.engine.start import StartWork, run_start_async, runner
+from testbed.bundle import RuncHost
 from tests.integration.test_start import (  # noqa: F401  (fixtures)
     _cannot_run,
     _running,
@@ -37,7 +38,6 @@ from tests.integration.test_start import (  # noqa: F401  (fixtures)
     sleeper,
     work,
 )
-from tests.testbed.bundle import RuncHost
 
 FREEZER = Path("/sys/fs/cgroup/freezer")
 THAW_AFTER_S = 2.5

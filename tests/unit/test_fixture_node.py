@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.testbed import ldcaches
-from tests.testbed.gpunode import FIXTURE_DRIVER, FIXTURE_NO_DRIVER, LIB64, elf_soname
+from testbed import ldcaches
+from testbed.gpunode import FIXTURE_DRIVER, FIXTURE_NO_DRIVER, LIB64, elf_soname
 
 
 @pytest.mark.parametrize("tree", [FIXTURE_DRIVER, FIXTURE_NO_DRIVER], ids=["driver", "nodriver"])

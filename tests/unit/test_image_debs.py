@@ -1,4 +1,4 @@
-"""tests/testbed/image_debs.py against local apt repositories signed by a key made here.
+"""hack/testbed/image_debs.py against local apt repositories signed by a key made here.
 
 The plugin image's packages must come from the release, -updates and -security alike
 (the newest wins), from Release files signed by the trusted keyring and not expired.
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.testbed import apt_sources, image_debs
-from tests.testbed.debs import DebError
+from testbed import apt_sources, image_debs
+from testbed.debs import DebError
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(t) for t in ("apt-get", "dpkg-deb", "gpg")),

@@ -40,8 +40,8 @@ from nri_gpu.engine.model import DEFAULT_CAPABILITIES, Capability, Inventory
 from nri_gpu.engine.plan import plan
 from nri_gpu.engine.request import ByIndex, GpuRequest, Selection
 from nri_gpu.engine.start.work import start_work
-from tests.testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, FIXTURE_NO_DRIVER, SimNode, build_node
-from tests.testbed.plugins import NRI_GPU_HOOK
+from testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, FIXTURE_NO_DRIVER, SimNode, build_node
+from testbed.plugins import NRI_GPU_HOOK
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden" / "cdi-2-gpu.json"
 HOOK = hook_command("/usr/bin/nri-gpu-hook")

@@ -28,7 +28,7 @@ from nri_gpu.engine.model import (
 )
 from nri_gpu.engine.plan import plan
 from nri_gpu.engine.request import ByMigPlacement, GpuRequest, Selection
-from tests.testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, SimNode, build_node, cap_minor
+from testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, SimNode, build_node, cap_minor
 from tests.unit.engine.test_cdi import HOOK, assert_the_hook_takes_its_work, spec_work
 
 UUIDS = {

@@ -16,7 +16,7 @@ import pytest
 from nri_gpu.engine.config import EngineConfig
 from nri_gpu.engine.discover import InventoryCache, discover, fingerprint
 from nri_gpu.engine.model import Capability, DeviceKind, FileKind, Inventory
-from tests.testbed.gpunode import FIXTURE_DRIVER, FIXTURE_NO_DRIVER, SimNode, build_node
+from testbed.gpunode import FIXTURE_DRIVER, FIXTURE_NO_DRIVER, SimNode, build_node
 
 
 def config_for(node: SimNode) -> EngineConfig:
@@ -375,7 +375,7 @@ def test_a_discovery_that_failed_is_tried_again_at_the_next_check(tmp_path: Path
 from nri_gpu.engine.errors import DiscoveryError  # noqa: E402
 from nri_gpu.engine.model import MigCap, MigLayout  # noqa: E402
 from nri_gpu.engine.root import Root  # noqa: E402
-from tests.testbed.gpunode import cap_minor, reconfigure_mig  # noqa: E402
+from testbed.gpunode import cap_minor, reconfigure_mig  # noqa: E402
 
 MIG_SPEC: dict[int, list[tuple[int, list[int]]]] = {0: [(2, [0, 1, 2]), (3, [0]), (9, [0])], 1: []}
 CAPS = "driver/nvidia/capabilities"

@@ -12,7 +12,7 @@ import pytest
 from nri_gpu.engine.config import EngineConfig
 from nri_gpu.engine.discover import FABRIC_LIMIT, discover, fingerprint
 from nri_gpu.engine.model import DeviceKind, Inventory
-from tests.testbed.gpunode import FABRIC_NODES, FIXTURE_DRIVER, FS_MAJOR, IMEX_MAJOR, SimNode, build_node
+from testbed.gpunode import FABRIC_NODES, FIXTURE_DRIVER, FS_MAJOR, IMEX_MAJOR, SimNode, build_node
 
 
 def config_for(node: SimNode) -> EngineConfig:

@@ -13,7 +13,7 @@ from nri_gpu.engine.config import EngineConfig
 from nri_gpu.engine.discover import InventoryCache, discover
 from nri_gpu.engine.model import Inventory, MigDevice, NvmlGpu, NvmlMigDevice, NvmlSnapshot, Plan
 from nri_gpu.engine.report import inventory_text, inventory_to_dict, plan_text, plan_to_dict
-from tests.testbed.gpunode import (
+from testbed.gpunode import (
     FIXTURE_DRIVER,
     LIB64,
     MigSpec,

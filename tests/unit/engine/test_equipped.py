@@ -15,7 +15,7 @@ from nri_gpu.engine.model import Capability, Inventory, Plan
 from nri_gpu.engine.plan import plan
 from nri_gpu.engine.report import plan_to_dict
 from nri_gpu.engine.request import ContainerInfo, parse_request
-from tests.testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, SimNode, build_node, cap_minor
+from testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, SimNode, build_node, cap_minor
 from tests.unit.engine import golden
 
 LIBCUDA = "/usr/lib/x86_64-linux-gnu/libcuda.so.550.163.01"

@@ -13,7 +13,7 @@ from nri_gpu.engine.cdi import cdi_spec
 from nri_gpu.engine.config import EngineConfig, Policy
 from nri_gpu.engine.discover import discover
 from nri_gpu.engine.model import DEFAULT_CAPABILITIES, Inventory
-from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
+from testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 from tests.unit.engine.test_cdi import HOOK, assert_the_hook_takes_its_work, spec_work
 
 

@@ -2,7 +2,7 @@
 
 The order is the whole point: glibc's loader binary-searches the entries, so a
 merged cache must be sorted exactly as ldconfig sorts. The references are real
-caches (the host's, and those ``tests.testbed.ldcaches`` has the real ldconfig
+caches (the host's, and those ``testbed.ldcaches`` has the real ldconfig
 write for the driver's libraries, one with a ``glibc-hwcaps`` entry): shuffled
 and sorted again they must come back in file order, and what ``encode`` writes
 must read back the same through ``ldconfig -p``. That a merge equals a real
@@ -44,8 +44,8 @@ def entry(name: str, path: str = "", flags: int = X86_64, hwcap: int = 0, osvers
 def real_caches() -> dict[str, bytes]:
     """Caches the real ldconfig writes, in each format, of the committed driver fixture's
     libraries; and this host's own cache."""
-    from tests.testbed import ldcaches
-    from tests.testbed.gpunode import FIXTURE_DRIVER
+    from testbed import ldcaches
+    from testbed.gpunode import FIXTURE_DRIVER
 
     found = {kind: ldcaches.real_cache(kind, FIXTURE_DRIVER) for kind in ldcaches.KINDS}
     if HOST_CACHE.is_file():
@@ -89,7 +89,7 @@ def test_ldconfigs_own_caches_come_back_in_file_order() -> None:
 
 
 def test_encoded_caches_read_back_the_same_through_glibcs_reader() -> None:
-    ldcaches = pytest.importorskip("tests.testbed.ldcaches")
+    ldcaches = pytest.importorskip("testbed.ldcaches")
     for kind, data in real_caches().items():
         cache = read_ld_so_cache(data)
         ours = encode(cache)

@@ -474,8 +474,8 @@ def _real_inputs() -> dict[str, bytes]:
         if source is not None and (golden.UPDATE or not path.exists()):
             found[name] = source.read_bytes()
         elif not path.exists() and golden.UPDATE and name.startswith("real-"):
-            from tests.testbed import ldcaches
-            from tests.testbed.gpunode import FIXTURE_DRIVER
+            from testbed import ldcaches
+            from testbed.gpunode import FIXTURE_DRIVER
 
             found[name] = ldcaches.real_cache(name.removeprefix("real-").removesuffix(".cache"), FIXTURE_DRIVER)
         else:

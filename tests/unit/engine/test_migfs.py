@@ -9,7 +9,7 @@ import pytest
 from nri_gpu.engine import migfs
 from nri_gpu.engine.errors import DiscoveryError
 from nri_gpu.engine.migfs import CapFile, parse_cap_file
-from tests.testbed.gpunode import cap_minor
+from testbed.gpunode import cap_minor
 
 # Byte for byte what the driver prints: "%s: %d\n" for each of the three keys.
 GI_ACCESS = "DeviceFileMinor: 291\nDeviceFileMode: 292\nDeviceFileModify: 1\n"

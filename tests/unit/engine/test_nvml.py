@@ -1,5 +1,5 @@
 """engine.nvml: the probe's output parser, the procfs cross-check, and the probe run for
-real against the simulated libnvidia-ml (tests/testbed/nvmlsim.c) and NVIDIA's own."""
+real against the simulated libnvidia-ml (hack/testbed/nvmlsim.c) and NVIDIA's own."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from nri_gpu.engine.model import (
     NvmlSnapshot,
 )
 from nri_gpu.engine.nvml import NvmlError, check_against_procfs, parse_probe_output, read_nvml
-from tests.testbed.gpunode import FIXTURE_DRIVER, LIB64, SimNode, build_node, set_nvml_behaviour
+from testbed.gpunode import FIXTURE_DRIVER, LIB64, SimNode, build_node, set_nvml_behaviour
 
 UUID0 = "GPU-15ce2c5e-15c5-5d80-3940-b9e8e29b964c"
 UUID1 = "GPU-db849053-9e6a-febd-3f12-a512707c3bd3"

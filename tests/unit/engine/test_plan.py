@@ -28,7 +28,7 @@ from nri_gpu.engine.model import Capability, DriverFile, FileKind, Inventory
 from nri_gpu.engine.plan import IPC_OPTIONS, plan
 from nri_gpu.engine.report import plan_to_dict
 from nri_gpu.engine.request import ContainerInfo, parse_request
-from tests.testbed.gpunode import FIXTURE_DRIVER, FIXTURE_NO_DRIVER, SimNode, build_node
+from testbed.gpunode import FIXTURE_DRIVER, FIXTURE_NO_DRIVER, SimNode, build_node
 
 GOLDEN = Path(__file__).resolve().parents[2] / "golden"
 

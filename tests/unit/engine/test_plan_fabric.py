@@ -14,7 +14,7 @@ from nri_gpu.engine.config import EngineConfig
 from nri_gpu.engine.errors import RequestError
 from nri_gpu.engine.model import DeviceKind, Feature
 from nri_gpu.engine.report import plan_text, plan_to_dict
-from tests.testbed.gpunode import FS_MAJOR, IMEX_MAJOR, NVSWITCH_MAJOR, UVERBS_MAJOR
+from testbed.gpunode import FS_MAJOR, IMEX_MAJOR, NVSWITCH_MAJOR, UVERBS_MAJOR
 from tests.unit.engine.test_plan import Node
 
 ALL_FEATURES = {f.env: "enabled" for f in Feature}

@@ -20,7 +20,7 @@ from nri_gpu.engine.model import DeviceKind, Gpu, Inventory, NvmlGpu, NvmlMigDev
 from nri_gpu.engine.plan import plan
 from nri_gpu.engine.request import ContainerInfo, parse_request
 from nri_gpu.engine.selection import UnknownMigDeviceError
-from tests.testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, SimNode, build_node, cap_minor
+from testbed.gpunode import CAPS_MAJOR, FIXTURE_DRIVER, SimNode, build_node, cap_minor
 
 # GPU index -> (gi, (ci, ...)): GPU 1 in MIG mode with no instances; GPU 2 with a
 # 3g GPU instance holding three compute instances and a 2g one with one.

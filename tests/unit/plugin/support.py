@@ -8,7 +8,7 @@ from nri_gpu.engine.config import EngineConfig
 from nri_gpu.engine.discover import InventoryCache, discover
 from nri_gpu.plugin.handlers import GpuPlugin
 from nri_gpu.plugin.metrics import PluginMetrics
-from tests.testbed.gpunode import SimNode
+from testbed.gpunode import SimNode
 
 
 def gpu_plugin(node: SimNode, starter: Any, metrics: PluginMetrics | None = None, view_check: Any = None) -> GpuPlugin:

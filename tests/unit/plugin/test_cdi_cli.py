@@ -24,8 +24,8 @@ from nri_gpu.plugin.cli.__main__ import main
 from nri_gpu.plugin.cli.cdi import NO_HOOK
 from nri_gpu.plugin.cli.entry import OLD_SPEC_MESSAGE
 from nri_gpu.plugin.cli.hook_install import check_hook
-from tests.testbed.gpunode import SimNode, build_node
-from tests.testbed.plugins import NRI_GPU, NRI_GPU_HOOK
+from testbed.gpunode import SimNode, build_node
+from testbed.plugins import NRI_GPU, NRI_GPU_HOOK
 
 # These tests are about the spec's content: its hook path names no real file.
 UNCHECKED = ["--allow-untrusted-hook"]

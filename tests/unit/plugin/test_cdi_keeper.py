@@ -24,8 +24,8 @@ from nri_gpu.plugin.cli.__main__ import load_config, main
 from nri_gpu.plugin.cli.cdi_conflicts import conflicts
 from nri_gpu.plugin.cli.cdi_keeper import SpecKeeper, WatchedInventory, keeper_for
 from nri_gpu.plugin.config import CdiConfig, ConfigError, from_toml
-from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
-from tests.testbed.plugins import NRI_GPU, NRI_GPU_HOOK
+from testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
+from testbed.plugins import NRI_GPU, NRI_GPU_HOOK
 
 THEIRS_YAML = '---\ncdiVersion: 0.5.0\nkind: "nvidia.com/gpu"\ndevices:\n- name: "0"\n'
 

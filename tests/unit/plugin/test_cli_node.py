@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from nri_gpu.plugin.cli.__main__ import main
-from tests.testbed.gpunode import FIXTURE_DRIVER, FIXTURE_NO_DRIVER, SimNode, build_node
+from testbed.gpunode import FIXTURE_DRIVER, FIXTURE_NO_DRIVER, SimNode, build_node
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nri_gpu.plugin.cli.compiled_hook import HOOK_EXECUTABLE, installed_hook
-from tests.testbed.rust_toolchain import has_interpreter
+from testbed.rust_toolchain import has_interpreter
 
 
 def venv_bin(root: Path, *names: str, mode: int = 0o755) -> Path:

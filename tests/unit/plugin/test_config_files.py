@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nri_gpu.plugin.cli.config_files import FileRefused, Folder
-from tests.testbed.openwatch import OpenWatch
+from testbed.openwatch import OpenWatch
 
 
 @pytest.mark.parametrize("kind", ["fifo", "device"])

@@ -327,7 +327,7 @@ def test_the_cli_asks_dockerd_for_its_version(
 
 
 def test_the_cli_writes_a_real_spec_for_podman(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.testbed.gpunode import FIXTURE_DRIVER, build_node
+    from testbed.gpunode import FIXTURE_DRIVER, build_node
 
     node = build_node(tmp_path / "node", gpus=1, driver_files=FIXTURE_DRIVER)
     spec = tmp_path / "cdi" / "nri-gpu.json"

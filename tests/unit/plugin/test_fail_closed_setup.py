@@ -37,7 +37,7 @@ from nri_gpu.plugin.cli.runtime_setup import (
     parse_record,
     parse_runtime_version,
 )
-from tests.testbed import debs, runtimes
+from testbed import debs, runtimes
 
 # containerd's DefaultValidatorConfig (toml tags) and CRI-O's DefaultValidatorConfig.
 CONTAINERD_VALIDATOR_SCHEMA: dict[str, type] = {

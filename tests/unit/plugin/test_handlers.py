@@ -25,8 +25,8 @@ from nri_gpu.plugin.events import Event
 from nri_gpu.plugin.handlers import GpuPlugin
 from nri_gpu.plugin.stub import Stub
 from nri_gpu.plugin.ttrpc import StatusError
+from testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 from tests.fake_runtime import FakeRuntime, connected, container, pod
-from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 from tests.unit.plugin.support import gpu_plugin
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from nri_gpu.engine import elf_interpreter
 from nri_gpu.plugin.cli.hook_install import check_file, check_hook, check_install, check_tree
-from tests.testbed.plugins import NRI_GPU_HOOK
+from testbed.plugins import NRI_GPU_HOOK
 
 USER = 1000
 

@@ -12,7 +12,7 @@ from nri_gpu.engine.config import EngineConfig
 from nri_gpu.engine.discover import InventoryCache, discover
 from nri_gpu.engine.model import Inventory
 from nri_gpu.plugin.inventory import LiveInventory
-from tests.testbed.gpunode import FIXTURE_DRIVER, build_node
+from testbed.gpunode import FIXTURE_DRIVER, build_node
 
 
 def test_a_refresh_whose_thread_cannot_start_is_tried_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,8 +16,8 @@ from nri_gpu.plugin.logfmt import TEXT_FORMAT, JsonFormatter, make_formatter
 from nri_gpu.plugin.metrics import PluginMetrics
 from nri_gpu.plugin.stub import Stub
 from nri_gpu.plugin.ttrpc import StatusError
+from testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 from tests.fake_runtime import FakeRuntime, connected, container, pod
-from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 from tests.unit.plugin.support import gpu_plugin
 
 

@@ -445,7 +445,7 @@ def test_an_oversized_host_config_is_refused_and_left_alone(host: Path, capsys: 
 
 
 def _busybox() -> Path:
-    from tests.testbed import debs, images
+    from testbed import debs, images
 
     try:
         return images._busybox_binary()

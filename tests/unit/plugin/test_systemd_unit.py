@@ -26,8 +26,8 @@ from nri_gpu.plugin.cli.docker_setup import DEFAULT_SPEC
 from nri_gpu.plugin.cli.hook_install import check_hook, check_install
 from nri_gpu.plugin.cli.runtime_setup import SetupError
 from nri_gpu.plugin.cli.systemd_unit import PATH_UNIT, SERVICE, UNITS, exec_start, planned_units, unit_texts
-from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
-from tests.testbed.plugins import NRI_GPU, NRI_GPU_HOOK
+from testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
+from testbed.plugins import NRI_GPU, NRI_GPU_HOOK
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "systemd"
 

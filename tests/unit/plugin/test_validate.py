@@ -16,8 +16,8 @@ from nri_gpu.plugin._proto import nri_pb2 as api
 from nri_gpu.plugin.adjustment import GPUS_ANNOTATION
 from nri_gpu.plugin.events import Event
 from nri_gpu.plugin.stub import Stub
+from testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 from tests.fake_runtime import FakeRuntime, connected, container, pod
-from tests.testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
 from tests.unit.plugin.support import gpu_plugin
 
 

@@ -1,4 +1,4 @@
-{{/* Only the template subset tests/helm_render.py implements is used here: see README.md. */}}
+{{/* Only the template subset hack/testbed/helm_render.py implements is used here: see README.md. */}}
 {{- define "nri-gpu.name" -}}
 {{ default .Chart.Name .Values.nameOverride }}
 {{- end }}

@@ -2,9 +2,9 @@
 one workdir.
 
 Nothing is installed: ``docker.io`` (dockerd) and ``docker-cli`` are unpacked into the
-cache (tests/testbed/debs.py) and run as they are (Go, glibc >= 2.34 and libsystemd,
+cache (hack/testbed/debs.py) and run as they are (Go, glibc >= 2.34 and libsystemd,
 which a bookworm host has). dockerd runs against a private containerd of the test bed
-(tests/testbed/containerd.py, 2.1.9 with runc 1.1.5, whose ``bin/`` goes first on
+(hack/testbed/containerd.py, 2.1.9 with runc 1.1.5, whose ``bin/`` goes first on
 dockerd's PATH too), so the test bed's clean-up of that containerd (shims, runc state,
 mounts, its cgroup tree) also covers Docker's containers. Everything else is under
 ``workdir``, from a ``daemon.json`` passed with ``--config-file``:

@@ -6,8 +6,8 @@ which the start waits for. So the cost of a GPU is the whole ``run --rm`` of a
 container with ``--device nvidia.com/gpu=0`` against the same run without it,
 measured side by side:
 
-* the engines come from the test bed (``tests.testbed.podman``,
-  ``tests.testbed.docker``), each where it can be set up here (a reason is
+* the engines come from the test bed (``testbed.podman``,
+  ``testbed.docker``), each where it can be set up here (a reason is
   recorded for one that cannot), with the glibc image and ``true``;
 * nri-gpu is installed as the README installs it (``pip install`` of this
   checkout and its dependencies into a fresh venv: files copied, ``.pyc``
@@ -66,13 +66,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.testbed import debs, images, rust_toolchain
-from tests.testbed.bundle import busybox_rootfs
-from tests.testbed.docker import Docker, DockerError
-from tests.testbed.gpunode import SimNode
-from tests.testbed.images import GLIBC
-from tests.testbed.plugin_image import _wheels as dependency_wheels
-from tests.testbed.podman import Podman, SpecFolderTaken, shared_spec_path
+from testbed import debs, images, rust_toolchain
+from testbed.bundle import busybox_rootfs
+from testbed.docker import Docker, DockerError
+from testbed.gpunode import SimNode
+from testbed.images import GLIBC
+from testbed.plugin_image import _wheels as dependency_wheels
+from testbed.podman import Podman, SpecFolderTaken, shared_spec_path
 
 from .stats import percentile
 
@@ -350,7 +350,7 @@ def _engines(
 
     with contextlib.ExitStack() as stack:
         if versions["podman"]:
-            # One spec for every podman: they all read /var/run/cdi (see tests.testbed.podman).
+            # One spec for every podman: they all read /var/run/cdi (see testbed.podman).
             try:
                 spec = stack.enter_context(shared_spec_path("bench-"))
                 for extra in extra_specs(spec).values():

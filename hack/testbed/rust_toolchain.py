@@ -72,7 +72,7 @@ def _wrapper(tree: Path) -> str:
     lib, bin_ = shlex.quote(str(tree / _LIBS)), tree / "usr/bin"
     return (
         "#!/bin/sh\n"
-        "# Debian bookworm's cargo and rustc, unpacked by tests/testbed/rust_toolchain.py.\n"
+        "# Debian bookworm's cargo and rustc, unpacked by hack/testbed/rust_toolchain.py.\n"
         f'LD_LIBRARY_PATH={lib}"${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"\n'
         f"RUSTC={shlex.quote(str(bin_ / 'rustc'))}\n"
         f"RUSTDOC={shlex.quote(str(bin_ / 'rustdoc'))}\n"

@@ -1,5 +1,5 @@
 /*
- * A simulated libnvidia-ml.so.1 for the simulated GPU node (tests/testbed/nvmlsim.py).
+ * A simulated libnvidia-ml.so.1 for the simulated GPU node (hack/testbed/nvmlsim.py).
  *
  * It exports only the NVML entry points engine/nvml.py calls, with the real ABI of
  * nvml.h (int return codes, opaque device handles, unsigned int out-parameters), and

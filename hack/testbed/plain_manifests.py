@@ -7,7 +7,7 @@ the plain manifests, for ``kubectl apply`` and the test bed's DaemonSet tests, a
 generated from it with release and namespace ``nri-gpu``, so they cannot drift
 from it. ``--check`` writes nothing and fails (exit 1, with the diff) when a
 committed file is not what the chart renders; tests/unit/test_deploy.py runs the
-same comparison. Rendered with tests/helm_render.py (no helm can be had here):
+same comparison. Rendered with hack/testbed/helm_render.py (no helm can be had here):
 what helm itself renders is the same objects, though it may quote or order a
 ``toYaml`` block differently.
 """
@@ -20,9 +20,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.helm_render import load_chart, render_chart
+from testbed.helm_render import load_chart, render_chart
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # the checkout
 DEPLOY = ROOT / "deploy"
 CHART = DEPLOY / "helm" / "nri-gpu"
 RELEASE = NAMESPACE = "nri-gpu"

@@ -94,7 +94,7 @@ LIBDIR = "usr/lib/x86_64-linux-gnu"
 PRELOAD_COMMAND = ["sh", "-c", "getconf PAGESIZE >/dev/null; exec sleep 3600"]
 
 _MARK_C = r"""
-/* LD_PRELOAD marker for tests/testbed/hostile.py. No libc: it loads into any dynamic
+/* LD_PRELOAD marker for hack/testbed/hostile.py. No libc: it loads into any dynamic
    process, whatever its glibc. Appends "<pid> <basename of /proc/self/exe>\n". */
 static long sys3(long n, long a, long b, long c) {
     long r;

@@ -1,4 +1,4 @@
-"""``python -m tests.testbed.bench`` (``sudo hack/bench``): see the package docstring."""
+"""``python -m testbed.bench`` (``sudo hack/bench``): see the package docstring."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.testbed import docker, podman, runtimes
-from tests.testbed.containerd import reap_stale
-from tests.testbed.gpunode import build_node
+from testbed import docker, podman, runtimes
+from testbed.containerd import reap_stale
+from testbed.gpunode import build_node
 
 from . import cdi, inprocess, mig, report
 from .session import RuntimeBench

@@ -369,7 +369,7 @@ def render(results: dict[str, Any]) -> str:
 
 
 def mig_lines(result: dict[str, Any]) -> list[str]:
-    """The MIG benchmark (``tests.testbed.bench.mig``) as text."""
+    """The MIG benchmark (``testbed.bench.mig``) as text."""
     lines = [f"CreateContainer in process, {result['mig_devices']} MIG devices on the node (simulated NVML), ms:", ""]
     rows = [[name, s["n"], s["p50"], s["p95"], s["p99"], s["max"]] for name, s in result["create_container_ms"].items()]
     lines += [*_table(["request", "n", "p50", "p95", "p99", "max"], rows), ""]
@@ -383,7 +383,7 @@ def mig_lines(result: dict[str, Any]) -> list[str]:
 
 
 def cdi_lines(result: dict[str, Any]) -> list[str]:
-    """The CDI part (``tests.testbed.bench.cdi``) as text."""
+    """The CDI part (``testbed.bench.cdi``) as text."""
     h = result["hook_alone"]
     base = h.get("baseline")
     variants = ["plain", "gpu", "gpu, no-op hook", *(["gpu, baseline hook"] if base else [])]

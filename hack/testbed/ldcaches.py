@@ -121,7 +121,7 @@ def print_cache(data: bytes) -> list[CacheEntry]:
     return entries
 
 
-def _main() -> None:  # python -m tests.testbed.ldcaches: write each kind next to the cwd
+def _main() -> None:  # python -m testbed.ldcaches: write each kind next to the cwd
     for kind in KINDS:
         data = real_cache(kind)
         Path(f"ld.so.cache.{kind}").write_bytes(data)

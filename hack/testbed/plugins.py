@@ -107,11 +107,14 @@ class NriGpuProcess:
             "debug",
             *extra,
         ]
+        self.cwd = ROOT
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 15.0) -> NriGpuProcess:
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=_clean_env())
+            self.proc = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd, env=_clean_env()
+            )
         self.wait_for_log("registered with", timeout)
         return self
 

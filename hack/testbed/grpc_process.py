@@ -10,7 +10,7 @@ process that runs it: every channel lives in this module's child process, which
 forks nothing.
 
 How: one child process per test process, started on first use
-(``python grpc_process.py FD``: this file, without the ``tests`` package). It
+(``python grpc_process.py FD``: this file, without the ``testbed`` package). It
 accepts connections on a listening unix socket made by the parent (``FD``);
 each connection is one channel (its first frame names the target and options),
 served by a thread of its own, and carries one call at a time: a frame

@@ -2,7 +2,7 @@
 
 What the image ships runs as root on every node, so its packages are taken the way a
 Debian system takes its updates, not the way the test bed takes its tools
-(tests/testbed/debs.py reuses what it unpacked once, from any suite, for speed):
+(hack/testbed/debs.py reuses what it unpacked once, from any suite, for speed):
 
 * One private apt configuration per release under ``<cache>/apt/image-<release>/`` with
   three sources: ``<release>`` and ``<release>-updates`` from the host's Debian mirror,

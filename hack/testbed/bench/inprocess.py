@@ -33,7 +33,7 @@ from nri_gpu.plugin.adjustment import to_adjustment
 from nri_gpu.plugin.handlers import GpuPlugin
 from nri_gpu.plugin.logfmt import JsonFormatter
 from nri_gpu.plugin.request import container_info, may_request
-from tests.testbed.gpunode import SimNode
+from testbed.gpunode import SimNode
 
 from .session import VARIANTS
 from .stats import summarize

@@ -1,7 +1,7 @@
 """podman from Debian for the end-to-end tests, private to one workdir: 4.3.1
 (bookworm), 5.4.2 (trixie) and 5.8.6 (sid).
 
-Nothing is installed: the packages are unpacked into the cache (tests/testbed/debs.py)
+Nothing is installed: the packages are unpacked into the cache (hack/testbed/debs.py)
 and podman runs from there with its own configuration, all under ``workdir``:
 
 * ``containers.conf`` (``$CONTAINERS_CONF``): conmon and runc by path (bookworm's
@@ -18,7 +18,7 @@ and podman runs from there with its own configuration, all under ``workdir``:
 bookworm's podman links libsubid and libgpgme, which a bookworm machine without
 podman lacks: they are unpacked too and found through ``LD_LIBRARY_PATH``.
 trixie's and sid's are built for glibc 2.38+ and newer libsubid/libgpgme: they
-run relinked (tests/testbed/relink.py) to their suite's unpacked loader and
+run relinked (hack/testbed/relink.py) to their suite's unpacked loader and
 libraries (the machine's own serve the rest), with their suite's netavark (podman
 5 refuses to start without one, although ``--network none`` never calls it, also
 relinked) as ``helper_binaries_dir``. conmon, runc and the seccomp profile are

@@ -5,7 +5,7 @@ works in, and answers both at once. Run as its own process (as nri-gpu is), it
 measures the floor of an NRI round trip through our Python stub: the runtime's
 marshalling, ttrpc over the socket, the stub's dispatch and an empty reply.
 
-    python -m tests.testbed.bench.noop --socket /var/run/nri/nri.sock
+    PYTHONPATH=hack python -m testbed.bench.noop --socket /var/run/nri/nri.sock
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ async def _serve(config: PluginConfig) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tests.testbed.bench.noop", description="the do-nothing NRI plugin (benchmark floor)"
+        prog="python -m testbed.bench.noop", description="the do-nothing NRI plugin (benchmark floor)"
     )
     parser.add_argument("--socket", required=True, help="the runtime's NRI socket")
     parser.add_argument("--index", default="10", help="plugin index (default 10, as nri-gpu)")

@@ -1,7 +1,7 @@
 """Render a Helm chart the way ``helm template`` does, for the template subset our chart uses.
 
 There is no ``helm`` in Debian (bookworm, trixie or sid) and nothing else may be fetched,
-so hack/gen-manifests (the plain manifests, ``tests.plain_manifests``) and the tests render
+so hack/gen-manifests (the plain manifests, ``testbed.plain_manifests``) and the tests render
 deploy/helm/nri-gpu with this instead. It implements only what the
 chart's templates use, with Go text/template's and Sprig's semantics, and refuses
 everything else by name, so a template that strays from the subset fails the tests
@@ -126,7 +126,9 @@ def _parse(source: str, name: str) -> tuple[list[_Node], dict[str, list[_Node]]]
             body = []
             stack.append(("define", body, _string(rest.strip(), name)))
         elif keyword in _REFUSED or keyword.startswith("$") or ":=" in value:
-            raise TemplateError(f"{name}: {{{{ {value} }}}} is outside the supported subset (tests/helm_render.py)")
+            raise TemplateError(
+                f"{name}: {{{{ {value} }}}} is outside the supported subset (hack/testbed/helm_render.py)"
+            )
         else:
             current.append(_Output(value))
     if len(stack) != 1:
@@ -272,7 +274,7 @@ class _Renderer:
                     raise TemplateError(f"{text!r}: {word} has no field {name!r}")
                 value = value[name]
             return value
-        raise TemplateError(f"{text!r}: {word!r} is outside the supported subset (tests/helm_render.py)")
+        raise TemplateError(f"{text!r}: {word!r} is outside the supported subset (hack/testbed/helm_render.py)")
 
 
 _NOTHING = object()

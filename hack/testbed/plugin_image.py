@@ -13,7 +13,7 @@ libffi8 (ctypes), zlib1g (the interpreter, zlib), libexpat1 (the interpreter), l
 (ssl, which prometheus_client's exposition module imports unconditionally: without it
 ``import prometheus_client``, and so ``nri-gpu run``, fails; about 6 MB).
 
-What goes in is verified and current (tests/testbed/image_debs.py): each .deb is the
+What goes in is verified and current (hack/testbed/image_debs.py): each .deb is the
 newest of its release, ``-updates`` and ``-security`` (security fixes come in at the
 next build), from Release files signed by Debian's keyring and not expired, and
 checked against the signed index's SHA256. The wheels are exactly those pinned by
@@ -25,8 +25,8 @@ SHA256, every wheel's bytes, every project file's bytes. ``hack/build-image`` wr
 for operators, with ``FILE.manifest.txt`` beside it: every package, version, suite and
 hash that went in.
 
-Run as a module to write the archive: ``python -m tests.testbed.plugin_image
-[--output FILE] [--pin-wheels]``.
+Run as a module to write the archive (``hack/build-image`` does, with ``hack/`` on
+``PYTHONPATH``): ``python -m testbed.plugin_image [--output FILE] [--pin-wheels]``.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ class SimNvmlGpu:
 
 def description(gpus: Sequence[SimNvmlGpu], *, init_rc: int = 0, init_sleep_ms: int = 0) -> str:
     """The text of ``nvml-sim.txt``: GPUs by NVML index (their position)."""
-    lines = ["# simulated NVML (tests/testbed/nvmlsim.c)", f"init {init_rc} {init_sleep_ms}"]
+    lines = ["# simulated NVML (hack/testbed/nvmlsim.c)", f"init {init_rc} {init_sleep_ms}"]
     for gpu in gpus:
         cur, pend = (-1, -1) if gpu.mig is None else (int(gpu.mig[0]), int(gpu.mig[1]))
         lines.append(f"gpu {gpu.uuid} {gpu.minor} {cur} {pend} {gpu.max_mig_devices}")

@@ -290,7 +290,7 @@ MARKER = ".nri-gpu-simulated-node"
 # libraries with the real SONAMEs and a real ldconfig's cache of them; the other, a
 # node without a driver. For unit tests that need a driver's layout, not its files:
 # ``build_node(driver_files=...)``.
-FIXTURE_DRIVER = Path(__file__).resolve().parent.parent / "fixtures" / "node" / "driver"
+FIXTURE_DRIVER = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "node" / "driver"
 FIXTURE_NO_DRIVER = FIXTURE_DRIVER.parent / "nodriver"
 
 

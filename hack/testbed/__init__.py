@@ -1,4 +1,9 @@
-"""The project's end-to-end test bed: real containerd daemons with NRI, offline.
+"""The project's test bed: real containerd daemons with NRI, offline; and the tooling built on it.
+
+The tests use it (``tests/e2e``, ``tests/integration``, some unit tests) and so do the
+``hack/`` scripts. It is not installed: it is the top-level package ``testbed`` with
+``hack/`` on ``sys.path`` (pyproject.toml's pytest ``pythonpath``; the scripts set
+``PYTHONPATH``).
 
 Modules (stdlib plus grpcio/protobuf; nothing is installed on the host):
 
@@ -24,6 +29,13 @@ Modules (stdlib plus grpcio/protobuf; nothing is installed on the host):
 * ``cudacompat`` Debian experimental's libcuda 555.58.02 as an image's cuda-compat folder
 * ``vulkan_image`` an image with Debian's Vulkan loader and a probe compiled here
 
-``hack/fetch-runtimes`` fills the cache; ``tests/e2e/conftest.py`` holds the fixtures;
-``hack/simulate-gpu-node`` builds a simulated GPU node by hand.
+The tooling (each run by a ``hack/`` script):
+
+* ``plugin_image``, ``image_debs`` the release image, from verified Debian packages (``hack/build-image``)
+* ``demo``       the demo (``hack/demo``)
+* ``bench``      the benchmark (``hack/bench``)
+* ``gpunode``    its command line builds a simulated GPU node by hand (``hack/simulate-gpu-node``)
+* ``plain_manifests``, ``helm_render`` deploy/'s plain manifests, rendered from the chart with PyYAML (``hack/gen-manifests``)
+
+``hack/fetch-runtimes`` fills the cache; ``tests/e2e/conftest.py`` holds the fixtures.
 """

@@ -27,7 +27,7 @@ from nri_gpu.engine.discover import InventoryCache, discover
 from nri_gpu.engine.nvml import read_nvml
 from nri_gpu.engine.selection import mig_devices
 from nri_gpu.plugin.handlers import GpuPlugin
-from tests.testbed.gpunode import MigSpec, build_node
+from testbed.gpunode import MigSpec, build_node
 
 from .inprocess import _drive, _json_log_to_devnull, _messages, _no_start
 from .stats import summarize

@@ -42,12 +42,12 @@ from nri_gpu.engine.config import EngineConfig
 from nri_gpu.engine.discover import discover
 from nri_gpu.engine.plan import plan as make_plan
 from nri_gpu.engine.request import ContainerInfo, parse_request
-from tests.testbed import images
-from tests.testbed.containerd import Containerd
-from tests.testbed.cri import CriClient, CriError
-from tests.testbed.gpunode import SimNode
-from tests.testbed.images import GLIBC
-from tests.testbed.plugins import NriGpuProcess
+from testbed import images
+from testbed.containerd import Containerd
+from testbed.cri import CriClient, CriError
+from testbed.gpunode import SimNode
+from testbed.images import GLIBC
+from testbed.plugins import ROOT, NriGpuProcess
 
 from .logparse import PluginLog, parse_log
 
@@ -154,7 +154,8 @@ class _NoopProcess(NriGpuProcess):
 
     def __init__(self, socket_path: Path, log_path: Path) -> None:
         super().__init__(socket_path, log_path)
-        self.argv = [self.argv[0], "-m", "tests.testbed.bench.noop", "--socket", str(socket_path)]
+        self.argv = [self.argv[0], "-m", "testbed.bench.noop", "--socket", str(socket_path)]
+        self.cwd = ROOT / "hack"  # `-m testbed.bench.noop`: the test bed is not installed
 
 
 def _free_port() -> int:

@@ -124,7 +124,7 @@ def _write_layout(out: Path, name: str, layer: _Layer, config: dict[str, object]
         "os": "linux",
         "config": config,
         "rootfs": {"type": "layers", "diff_ids": [_sha(raw)]},
-        "history": [{"created_by": "nri-gpu tests/testbed/images.py"}],
+        "history": [{"created_by": "nri-gpu hack/testbed/images.py"}],
     }
     config_blob = _json(image_config)
     manifest = _json(
@@ -282,7 +282,7 @@ def glibc_key() -> list[bytes]:
 
 
 def glibc_layer() -> _Layer:
-    """The glibc image's layer: the base of images derived from it (tests/testbed/hostile.py)."""
+    """The glibc image's layer: the base of images derived from it (hack/testbed/hostile.py)."""
     busybox = _busybox_binary()
     layer = _base_layer(busybox.read_bytes(), _applets(busybox))
     for deb in _LIBC_DEBS:
