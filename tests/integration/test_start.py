@@ -766,15 +766,20 @@ def children(zombies: bool) -> list[int]:
     return found
 
 
-def _wait_exited(pid: int, timeout: float = 10.0) -> None:
+def _wait_exited(pid: int, timeout: float = 10.0) -> bool:
     """Wait until ``pid`` (our child) has exited, without reaping it: its pidfd
-    turns readable then, and it stays a zombie until someone waits for it."""
-    fd = os.pidfd_open(pid)
+    turns readable then, and it stays a zombie until someone waits for it. False
+    when it is gone already: reaped by someone else meanwhile."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return False
     try:
         ready, _, _ = select.select([fd], [], [], timeout)
     finally:
         os.close(fd)
     assert ready, f"worker {pid} still running after {timeout} s"
+    return True
 
 
 def test_the_worker_is_reaped_after_an_early_return(
@@ -814,15 +819,19 @@ def test_the_worker_is_reaped_after_an_early_return(
     assert zombies() == []
     assert not Path(f"/proc/{workers[-1]}").exists()
 
-    asyncio.run(run_start_async(second.pid, work))  # its loop closes at once: left to the next call
-    left = workers[-1]
-    _wait_exited(left)
+    # Its loop closes at once: the worker is left to the next call. Unless, on a busy
+    # machine, it exited before the loop closed and the loop reaped it: then again.
+    for _ in range(10):
+        asyncio.run(run_start_async(second.pid, work))
+        left = workers[-1]
+        if _wait_exited(left):
+            break
     assert zombies() == [left]  # the check sees a zombie when there is one
     asyncio.run(run_start_async(first.pid, work))  # reaps it first thing; leaves its own worker
     assert left not in zombies()
     _wait_exited(workers[-1])
-    asyncio.run(with_the_loop_open(second.pid))  # reaps the last one's, the loop its own
-    assert len(workers) == 4
+    asyncio.run(with_the_loop_open(second.pid))  # reaps the last one's (if left), the loop its own
+    assert len(workers) >= 4
     assert zombies() == []
 
 
