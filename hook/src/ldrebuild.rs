@@ -60,6 +60,7 @@ use std::time::Instant;
 use crate::error::{py_repr, Result, WorkError};
 use crate::model::LdCacheEntry;
 use crate::rootdir::{self, RootDir};
+use crate::sys::{MountAttr, OpenHow, SigSet};
 use crate::{elf, ldcache, ldconf, sys};
 
 /// `nobody`, and `nogroup`: no more rights in the container than its least user.
@@ -193,27 +194,6 @@ struct PollFd {
 struct Rlimit {
     current: u64,
     max: u64,
-}
-
-/// glibc's `sigset_t`: 1024 bits.
-#[repr(C)]
-struct SigSet {
-    bits: [c_ulong; 16],
-}
-
-#[repr(C)]
-struct OpenHow {
-    flags: u64,
-    mode: u64,
-    resolve: u64,
-}
-
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
 }
 
 #[repr(C)]

@@ -117,8 +117,8 @@ extern "C" {
 
 /// glibc's `sigset_t`: 1024 bits.
 #[repr(C)]
-struct SigSet {
-    bits: [u64; 16],
+pub struct SigSet {
+    pub bits: [u64; 16],
 }
 
 #[repr(C)]
@@ -133,19 +133,21 @@ struct Itimerval {
     value: Timeval,
 }
 
+/// `struct open_how` of `openat2(2)`.
 #[repr(C)]
-struct OpenHow {
-    flags: u64,
-    mode: u64,
-    resolve: u64,
+pub struct OpenHow {
+    pub flags: u64,
+    pub mode: u64,
+    pub resolve: u64,
 }
 
+/// `struct mount_attr` of `mount_setattr(2)`.
 #[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
+pub struct MountAttr {
+    pub attr_set: u64,
+    pub attr_clr: u64,
+    pub propagation: u64,
+    pub userns_fd: u64,
 }
 
 /// The errno of the last failed call, as an `io::Error`.

@@ -9,24 +9,24 @@
 //! libtest's runner. Needs root; skipped with a message otherwise. The probe
 //! cases need `gcc` with a static libc: skipped with a message without one.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs;
 use std::os::raw::{c_char, c_int, c_ulong, c_void};
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
-use std::os::unix::io::AsRawFd;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::path_str;
 use nri_gpu_hook::ldrebuild::{self, Trusted};
 use nri_gpu_hook::model::LdCacheEntry;
 use nri_gpu_hook::rootdir::RootDir;
-use nri_gpu_hook::sys;
 
 extern "C" {
-    fn unshare(flags: c_int) -> c_int;
     fn mount(
         source: *const c_char,
         target: *const c_char,
@@ -94,24 +94,11 @@ const CRASHING_C: &str = "#include <stdio.h>\nint main(void) { puts(\"about to c
 const SLEEPER_C: &str = "#include <unistd.h>\nint main(void) { for (;;) pause(); }\n";
 
 fn main() {
-    if sys::uid() != 0 {
-        println!("ldrebuild: skipped: needs root (a private mount namespace, mounts, a change of uid)");
-        return;
-    }
-    sys::exit_after(300.0, "ldrebuild: timed out after 300 s\n").expect("alarm");
-    // SAFETY: a plain syscall; this process has one thread (no test harness).
-    if unsafe { unshare(sys::CLONE_NEWNS) } != 0 {
-        panic!("unshare(CLONE_NEWNS): {}", std::io::Error::last_os_error());
-    }
-    let slash = sys::openat_fd(sys::AT_FDCWD, "/", sys::O_PATH | sys::O_DIRECTORY, 0).expect("open /");
-    sys::mount_setattr(slash.as_raw_fd(), "", sys::AT_EMPTY_PATH | sys::AT_RECURSIVE, 0, 0, sys::MS_PRIVATE)
-        .expect("make / rprivate");
-    let base = std::env::temp_dir().join(format!("nri-gpu-ldrebuild-{}", std::process::id()));
-    fs::create_dir(&base).expect("temporary directory");
-    let scratch = sys::new_tmpfs(&[("mode", "0755")], false).expect("a tmpfs");
-    let at = sys::openat_fd(sys::AT_FDCWD, path_str(&base), sys::O_PATH | sys::O_DIRECTORY, 0).expect("open base");
-    sys::move_mount(scratch.as_raw_fd(), "", at.as_raw_fd(), "", EMPTY_BOTH).expect("mount the tmpfs");
-    drop(at);
+    let scratch = match common::Scratch::enter("ldrebuild", "a private mount namespace, mounts, a change of uid") {
+        Some(scratch) => scratch,
+        None => return,
+    };
+    let base = scratch.base.clone();
 
     let probes = compile_probes(&base.join("probes"));
     let tests: Vec<(&str, Test)> = vec![
@@ -157,10 +144,7 @@ fn main() {
             failed.push(*name);
         }
     }
-    let done = sys::fchdir_fd(slash.as_raw_fd())
-        .and_then(|()| sys::umount2_name(path_str(&base).trim_start_matches('/'), sys::MNT_DETACH));
-    done.expect("unmount the tmpfs");
-    fs::remove_dir(&base).expect("remove the temporary directory");
+    scratch.leave();
     println!(
         "\nldrebuild: {} passed; {} failed; {} skipped",
         tests.len() - failed.len() - skipped,
@@ -180,8 +164,6 @@ enum Outcome {
     Skipped(String),
 }
 
-const EMPTY_BOTH: u32 = sys::MOVE_MOUNT_F_EMPTY_PATH | sys::MOVE_MOUNT_T_EMPTY_PATH;
-
 struct Env {
     dir: PathBuf,
     probes: Result<Probes, String>,
@@ -194,10 +176,6 @@ struct Probes {
     failing: PathBuf,
     crashing: PathBuf,
     sleeper: PathBuf,
-}
-
-fn path_str(path: &Path) -> &str {
-    path.to_str().expect("a UTF-8 path")
 }
 
 fn cstr(path: &Path) -> CString {

@@ -14,6 +14,8 @@
 //! `/proc/driver` first (as the Python's `_attach`), so the container's own
 //! `/proc/driver/nvidia` is a plain directory standing in for the driver's.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs;
@@ -24,13 +26,13 @@ use std::os::unix::io::AsRawFd;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
+use common::path_str;
 use nri_gpu_hook::procsource::{self, params_with_device_modification_disabled, ProcSource};
 use nri_gpu_hook::procview::{self, MARKER};
 use nri_gpu_hook::rootdir::RootDir;
 use nri_gpu_hook::sys;
 
 extern "C" {
-    fn unshare(flags: c_int) -> c_int;
     fn mount(
         source: *const c_char,
         target: *const c_char,
@@ -52,25 +54,11 @@ const VERSION: &str = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.163.0
                        GCC version:  gcc version 14.2.0 (Debian 14.2.0-19) \n";
 
 fn main() {
-    if sys::uid() != 0 {
-        println!("procview: skipped: needs root (a private mount namespace and mounts)");
-        return;
-    }
-    // A FIFO waited on, a lookup that never ends: fail rather than hang.
-    sys::exit_after(300.0, "procview: timed out after 300 s\n").expect("alarm");
-    // SAFETY: a plain syscall; this process has one thread (no test harness).
-    if unsafe { unshare(sys::CLONE_NEWNS) } != 0 {
-        panic!("unshare(CLONE_NEWNS): {}", std::io::Error::last_os_error());
-    }
-    let slash = sys::openat_fd(sys::AT_FDCWD, "/", sys::O_PATH | sys::O_DIRECTORY, 0).expect("open /");
-    sys::mount_setattr(slash.as_raw_fd(), "", sys::AT_EMPTY_PATH | sys::AT_RECURSIVE, 0, 0, sys::MS_PRIVATE)
-        .expect("make / rprivate");
-    let base = std::env::temp_dir().join(format!("nri-gpu-procview-{}", std::process::id()));
-    fs::create_dir(&base).expect("temporary directory");
-    let scratch = sys::new_tmpfs(&[("mode", "0755")], false).expect("a tmpfs");
-    let at = sys::openat_fd(sys::AT_FDCWD, path_str(&base), sys::O_PATH | sys::O_DIRECTORY, 0).expect("open base");
-    sys::move_mount(scratch.as_raw_fd(), "", at.as_raw_fd(), "", EMPTY_BOTH).expect("mount the tmpfs");
-    drop(at);
+    let scratch = match common::Scratch::enter("procview", "a private mount namespace and mounts") {
+        Some(scratch) => scratch,
+        None => return,
+    };
+    let base = scratch.base.clone();
 
     let tests: Vec<(&str, Test)> = vec![
         ("the_view_is_a_locked_tmpfs", the_view_is_a_locked_tmpfs),
@@ -105,10 +93,7 @@ fn main() {
             failed.push(*name);
         }
     }
-    let done = sys::fchdir_fd(slash.as_raw_fd())
-        .and_then(|()| sys::umount2_name(path_str(&base).trim_start_matches('/'), sys::MNT_DETACH));
-    done.expect("unmount the tmpfs");
-    fs::remove_dir(&base).expect("remove the temporary directory");
+    scratch.leave();
     println!("\nprocview: {} passed; {} failed", tests.len() - failed.len(), failed.len());
     if !failed.is_empty() {
         println!("failed: {}", failed.join(", "));
@@ -117,8 +102,6 @@ fn main() {
 }
 
 type Test = fn(&Env);
-
-const EMPTY_BOTH: u32 = sys::MOVE_MOUNT_F_EMPTY_PATH | sys::MOVE_MOUNT_T_EMPTY_PATH;
 
 struct Env {
     dir: PathBuf,
@@ -264,7 +247,7 @@ fn attach(from: &Path, to: &Path) {
     let flags = sys::OPEN_TREE_CLONE | sys::OPEN_TREE_CLOEXEC | sys::AT_RECURSIVE;
     let tree = sys::open_tree(sys::AT_FDCWD, path_str(from), flags).expect("clone");
     let target = sys::openat_fd(sys::AT_FDCWD, path_str(to), sys::O_PATH | sys::O_DIRECTORY, 0).expect("target");
-    sys::move_mount(tree.as_raw_fd(), "", target.as_raw_fd(), "", EMPTY_BOTH).expect("attach");
+    sys::move_mount(tree.as_raw_fd(), "", target.as_raw_fd(), "", common::EMPTY_BOTH).expect("attach");
 }
 
 // ---------------------------------------------------------------- what the kernel shows
@@ -788,10 +771,6 @@ fn a_failure_after_attaching_leaves_no_view(env: &Env) {
 }
 
 // ---------------------------------------------------------------- small helpers
-
-fn path_str(path: &Path) -> &str {
-    path.to_str().expect("a UTF-8 path")
-}
 
 fn cstring(path: &Path) -> CString {
     CString::new(path_str(path)).expect("no NUL")
