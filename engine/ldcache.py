@@ -310,6 +310,8 @@ def _entries(
     """Entries from the unpacked columns; string offsets count from ``base``, strings lie in [start, end)."""
     table = data[start:end]
     budget = _DECODE_FACTOR * len(data) + 65536
+    # Before the bulk pass too: it decodes every string of a full cache in one go.
+    check_deadline(deadline, "reading the strings")
     strings = _strings_in_bulk(table, start - base, keys, values, budget)
     check_deadline(deadline, "reading the strings")
     if strings is None:
