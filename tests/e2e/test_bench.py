@@ -133,6 +133,8 @@ def test_tiny_run_on_one_containerd(tmp_path: Path) -> None:
         "4",
         "--profile-iterations",
         "20",
+        "--limits-repeat",
+        "2",
         *_CDI_ARGS,
         "--output",
         str(out),
@@ -164,7 +166,75 @@ def test_tiny_run_on_one_containerd(tmp_path: Path) -> None:
     text = render(results)
     assert "nri-gpu-8gpu: plan" in text and "Load average (1 min)" in text and "p50 by round" in text
     assert "## MIG" in text and "NVML probe" in text
+    assert {i["group"] for i in results["limits"]["items"]} == set(_LIMIT_ITEMS)  # the limits part, in the full run
+    assert "## Costs at the input limits" in text
     assert_cdi_part(results, text, runs=2)
+
+
+# The limits part's items, by part, in order: a fragment of each one's name.
+_LIMIT_ITEMS = {
+    "may_request": [
+        "0 env entries",
+        "1,024 env entries",
+        "65,536 env entries",
+        "800,000 env entries",
+        "+ 70,000 mounts",
+        "1,024 annotations",
+        "65,536 annotations",
+        " annotations",  # as many as fit in one 4 MiB message
+    ],
+    "parse_request": [
+        "annotation of 16,384 chars",
+        "annotation of 16,385 chars",
+        "annotation of 4 MiB",
+        "device list of 257 entries",
+        "NVIDIA_IMEX_CHANNELS",
+        "16 NVIDIA_REQUIRE_*, 1024 conditions",
+        "17 NVIDIA_REQUIRE_* variables",
+        "NVIDIA_REQUIRE_CUDA of 4 MiB",
+        "check: 1024 conditions",
+        "check: 2,000 conditions",
+        "container_info: 800,000 env entries",
+        "container_info: 800,001 NVIDIA_*",
+    ],
+    "validate": ["asks for nothing", "answered", "never answered"],
+    "ld.so.cache": [
+        "65,536 entries, 8 MiB (both limits)",
+        "8,388,609 bytes",
+        "65,537 entries",
+        "deadline already past",
+        "hwcaps sections",
+    ],
+    "status server": ["0 idle clients", "64 idle clients", "256 idle clients"],
+    "inventory": ["first call", "right after it", "no wait"],
+}
+
+
+def test_limits_only_run(tmp_path: Path) -> None:
+    """The costs at the input limits (in process: no containerd, no root), two
+    repetitions of each item: every item measured, with its target and outcome."""
+    out = tmp_path / "bench.json"
+    assert bench.main(["--limits-only", "--limits-repeat", "2", "--output", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert not results["runtimes"] and "inprocess" not in results and "cdi" not in results
+    limits = results["limits"]
+    assert (limits["repeat"], limits["rounds"]) == (2, 1) and limits["clock_overhead_us"] > 0
+    items = limits["items"]
+    assert [i["group"] for i in items] == [g for g, names in _LIMIT_ITEMS.items() for _ in names]
+    for item, fragment in zip(items, (f for names in _LIMIT_ITEMS.values() for f in names), strict=True):
+        assert fragment in item["item"], (fragment, item["item"])
+        waits = item["group"] == "inventory" and fragment != "no wait"
+        assert item["n"] == len(item["samples_us"]) == (1 if waits else 2), item
+        assert 0 < item["p50_us"] <= item["p99_us"] <= item["max_us"] and item["target_us"] > 0, item
+        assert isinstance(item["met"], bool) and item["bound"] and item["outcome"], item
+    by_name = {i["item"]: i["outcome"] for i in items}
+    assert all(o.startswith("2 x 200;") for n, o in by_name.items() if "idle clients" in n), by_name
+    assert all(i["outcome"].startswith("refused:") for i in items if i["group"] == "inventory")
+    assert "not ready in time" in items[-3]["outcome"]
+    assert [t["target"] for t in results["targets"]] == [f"{i['group']}: {i['item']}: p99" for i in items]
+    text = render(results)
+    assert "## Costs at the input limits" in text and "## Targets" in text
+    assert all(i["item"] in text for i in items)
 
 
 def python_hook_revision() -> tuple[str, list[str]]:

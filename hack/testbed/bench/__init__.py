@@ -18,6 +18,10 @@ then the **CDI path** (``cdi``): ``podman run --rm`` and ``docker run --rm`` of 
 plain container and of one with ``--device nvidia.com/gpu=0`` side by side, and the
 spec's hook alone (``--cdi-only``: that part only); and then, in this process,
 the CreateContainer path split into parse, plan and encode without any I/O, and
-a cProfile of it (``inprocess``). Results: a table on stdout and a JSON document (``--output``). Modules: ``stats`` (pure), ``logparse`` (pure),
-``noop``, ``session``, ``cdi``, ``inprocess``, ``report``, ``__main__``.
+a cProfile of it (``inprocess``); and last, also in this process, what the input
+limits cost (``limits``; ``--limits-only``: that part only, no containerd, no root):
+the pre-filter, the request parser, the validation, the ld.so.cache reader and
+the status server at the sizes a hostile container or client may reach, and a
+CreateContainer waiting for a refresh of the inventory that hangs. Results: a table on stdout and a JSON document (``--output``). Modules: ``stats`` (pure), ``logparse`` (pure),
+``noop``, ``session``, ``cdi``, ``inprocess``, ``limits``, ``report``, ``__main__``.
 """

@@ -20,6 +20,8 @@ __all__ = [
     "evaluate",
     "handler_dict",
     "latency_dict",
+    "limits_lines",
+    "limits_targets",
     "render",
 ]
 
@@ -223,6 +225,25 @@ def cdi_targets(cdi: dict[str, Any]) -> list[Target]:
     ]
 
 
+def limits_targets(limits: dict[str, Any]) -> list[Target]:
+    """The limits part's items (``testbed.bench.limits``), each p99 against its target;
+    in microseconds where the target is at most a millisecond, else in milliseconds."""
+    out = []
+    for item in limits["items"]:
+        scale, unit = (1000.0, "ms") if item["target_us"] > 1000 else (1.0, "µs")
+        out.append(
+            Target(
+                "in process",
+                f"{item['group']}: {item['item']}: p99",
+                item["p99_us"] / scale,
+                item["target_us"] / scale,
+                unit,
+                bool(item["met"]),
+            )
+        )
+    return out
+
+
 # ---------------------------------------------------------------------------- text
 
 
@@ -230,17 +251,18 @@ def _f(value: Any) -> str:
     return "-" if value is None else f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 1) -> list[str]:
-    """A Markdown table; the first ``left`` columns are text, the others numbers."""
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], left: int = 1, text: Sequence[int] = ()) -> list[str]:
+    """A Markdown table; the first ``left`` columns and those in ``text`` are text, the others numbers."""
     cells = [list(header)] + [[_f(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    texts = {*range(left), *text}
     lines = [
         "| "
-        + " | ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        + " | ".join(c.ljust(w) if i in texts else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
         + " |"
         for r in cells
     ]
-    rule = ["-" * (w + 2) if i < left else "-" * (w + 1) + ":" for i, w in enumerate(widths)]
+    rule = ["-" * (w + 2) if i in texts else "-" * (w + 1) + ":" for i, w in enumerate(widths)]
     lines.insert(1, "|" + "|".join(rule) + "|")
     return lines
 
@@ -342,6 +364,8 @@ def render(results: dict[str, Any]) -> str:
         out += ["## CDI: run --rm with and without a GPU", "", *cdi_lines(cdi), ""]
     if mig := results.get("inprocess", {}).get("mig"):
         out += ["## MIG", "", *mig_lines(mig), ""]
+    if limits := results.get("limits"):
+        out += ["## Costs at the input limits", "", *limits_lines(limits), ""]
     if load := results.get("load"):
         cpus = results.get("machine", {}).get("cpus") or 1
         points = ", ".join(f"{entry['1m']:.2f} {entry['when']}" for entry in load)
@@ -442,3 +466,41 @@ def cdi_lines(result: dict[str, Any]) -> list[str]:
     for engine, reason in result.get("skipped", {}).items():
         lines.append(f"{engine}: not measured ({reason}).")
     return lines
+
+
+def _duration(us: float) -> str:
+    """Microseconds in the unit that reads best: ``0.71 µs``, ``340.2 µs``, ``4.74 ms``, ``1.704 s``."""
+    if us < 10:
+        return f"{us:.2f} µs"
+    if us < 1000:
+        return f"{us:.1f} µs"
+    if us < 1_000_000:
+        return f"{us / 1000:.2f} ms"
+    return f"{us / 1_000_000:.3f} s"
+
+
+def limits_lines(result: dict[str, Any]) -> list[str]:
+    """The limits part (``testbed.bench.limits``) as text."""
+    lines = [
+        f"Each call timed alone, after {result['warmup']} warm-up calls: n repetitions (at most "
+        f"{result['repeat']}, fewer once an item's took {result['budget_s']:g} s but not under {result['min_n']}; "
+        f"the inventory's waiting calls: {result['rounds']} rounds); the p99 is held to the target "
+        f"(clock overhead {result['clock_overhead_us']:.2f} µs a reading; {result['seconds']} s in all):",
+        "",
+    ]
+    rows = [
+        [
+            item["group"],
+            item["item"],
+            item["n"],
+            _duration(item["p50_us"]),
+            _duration(item["p99_us"]),
+            _duration(item["max_us"]),
+            _duration(item["target_us"]),
+            "met" if item["met"] else "MISSED",
+            item["outcome"] if len(item["outcome"]) <= 72 else item["outcome"][:71] + "…",
+        ]
+        for item in result["items"]
+    ]
+    header = ["part", "input", "n", "p50", "p99", "max", "target", "", "outcome"]
+    return [*lines, *_table(header, rows, left=2, text=(7, 8))]
