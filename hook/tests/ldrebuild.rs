@@ -12,28 +12,20 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
 use std::fs;
-use std::os::raw::{c_char, c_int, c_ulong, c_void};
+use std::os::raw::{c_char, c_int, c_ulong};
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::path_str;
+use common::{cstr, path_str};
 use nri_gpu_hook::ldrebuild::{self, Trusted};
 use nri_gpu_hook::model::LdCacheEntry;
 use nri_gpu_hook::rootdir::RootDir;
 
 extern "C" {
-    fn mount(
-        source: *const c_char,
-        target: *const c_char,
-        fstype: *const c_char,
-        flags: c_ulong,
-        data: *const c_void,
-    ) -> c_int;
     fn chown(path: *const c_char, uid: u32, gid: u32) -> c_int;
 }
 
@@ -178,10 +170,6 @@ struct Probes {
     sleeper: PathBuf,
 }
 
-fn cstr(path: &Path) -> CString {
-    CString::new(path_str(path)).expect("no NUL")
-}
-
 fn is_static(path: &str) -> Result<(), String> {
     match Command::new("file").arg("-L").arg(path).output() {
         Ok(out)
@@ -268,10 +256,7 @@ fn container(env: &Env, with_proc: bool) -> PathBuf {
 }
 
 fn bind(source: &Path, target: &Path, flags: c_ulong) {
-    let (s, t) = (cstr(source), cstr(target));
-    // SAFETY: NUL-terminated paths of ours; in this process's private mount namespace.
-    let done = unsafe { mount(s.as_ptr(), t.as_ptr(), std::ptr::null(), MS_BIND | flags, std::ptr::null()) };
-    assert_eq!(done, 0, "bind {:?} on {:?}: {}", source, target, std::io::Error::last_os_error());
+    common::mount_at(path_str(source), target, None, MS_BIND | flags);
 }
 
 fn open_root(root: &Path) -> RootDir {

@@ -17,29 +17,21 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
 use std::fs;
 use std::io::ErrorKind;
-use std::os::raw::{c_char, c_int, c_uint, c_ulong, c_void};
+use std::os::raw::{c_char, c_int, c_uint};
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
-use common::path_str;
+use common::{cstr, path_str};
 use nri_gpu_hook::procsource::{self, params_with_device_modification_disabled, ProcSource};
 use nri_gpu_hook::procview::{self, MARKER};
 use nri_gpu_hook::rootdir::RootDir;
 use nri_gpu_hook::sys;
 
 extern "C" {
-    fn mount(
-        source: *const c_char,
-        target: *const c_char,
-        fstype: *const c_char,
-        flags: c_ulong,
-        data: *const c_void,
-    ) -> c_int;
     fn mkfifo(path: *const c_char, mode: c_uint) -> c_int;
 }
 
@@ -202,11 +194,7 @@ impl Container {
 fn container(env: &Env, name: &str) -> Container {
     let path = env.dir.join(name);
     fs::create_dir_all(path.join("proc")).expect("mkdir proc");
-    let target = cstring(&path.join("proc"));
-    let proc = CString::new("proc").unwrap();
-    // SAFETY: NUL-terminated strings that outlive the call; no data.
-    let done = unsafe { mount(proc.as_ptr(), target.as_ptr(), proc.as_ptr(), 0, std::ptr::null()) };
-    assert_eq!(done, 0, "mount proc: {}", std::io::Error::last_os_error());
+    common::mount_at("proc", &path.join("proc"), Some("proc"), 0);
     let procfs = !path.join("proc/driver/nvidia").exists();
     if !procfs {
         let proc = path_str(&path.join("proc")).to_string();
@@ -772,10 +760,6 @@ fn a_failure_after_attaching_leaves_no_view(env: &Env) {
 
 // ---------------------------------------------------------------- small helpers
 
-fn cstring(path: &Path) -> CString {
-    CString::new(path_str(path)).expect("no NUL")
-}
-
 fn write(path: &Path, text: &str, mode: u32) {
     fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
     fs::write(path, text).unwrap_or_else(|e| panic!("{}: {}", path.display(), e));
@@ -794,7 +778,7 @@ fn chmod_folders(dir: &Path, mode: u32) {
 }
 
 fn make_fifo(path: &Path) {
-    let name = cstring(path);
+    let name = cstr(path);
     // SAFETY: a NUL-terminated path that outlives the call.
     assert_eq!(unsafe { mkfifo(name.as_ptr(), 0o644) }, 0, "mkfifo: {}", std::io::Error::last_os_error());
 }

@@ -2,8 +2,9 @@
 //! enter a mount namespace) share: a private mount namespace with a scratch tmpfs
 //! in a new temporary directory, and its removal at the end.
 
+use std::ffi::CString;
 use std::fs;
-use std::os::raw::c_int;
+use std::os::raw::{c_char, c_int, c_ulong, c_void};
 use std::os::unix::io::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -11,6 +12,28 @@ use nri_gpu_hook::sys;
 
 extern "C" {
     fn unshare(flags: c_int) -> c_int;
+    fn mount(
+        source: *const c_char,
+        target: *const c_char,
+        fstype: *const c_char,
+        flags: c_ulong,
+        data: *const c_void,
+    ) -> c_int;
+}
+
+/// `mount(2)` of `source` on `target` (`fstype` None: a bind with `flags`).
+pub fn mount_at(source: &str, target: &Path, fstype: Option<&str>, flags: c_ulong) {
+    let (s, t) = (CString::new(source).expect("no NUL"), cstr(target));
+    let kind = fstype.map(|k| CString::new(k).expect("no NUL"));
+    let kind_ptr = kind.as_ref().map_or(std::ptr::null(), |k| k.as_ptr());
+    // SAFETY: NUL-terminated strings that outlive the call; no data; in this
+    // process's private mount namespace.
+    let done = unsafe { mount(s.as_ptr(), t.as_ptr(), kind_ptr, flags, std::ptr::null()) };
+    assert_eq!(done, 0, "mount {} on {:?}: {}", source, target, std::io::Error::last_os_error());
+}
+
+pub fn cstr(path: &Path) -> CString {
+    CString::new(path_str(path)).expect("no NUL")
 }
 
 pub const EMPTY_BOTH: u32 = sys::MOVE_MOUNT_F_EMPTY_PATH | sys::MOVE_MOUNT_T_EMPTY_PATH;
