@@ -35,7 +35,6 @@ import json
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -62,7 +61,9 @@ from testbed.openwatch import OpenWatch
 from tests.integration import hookrun
 from tests.integration.hookrun import Bundle, Result, Spec, call, comparable, run_hook, tree_of_container
 from tests.integration.startcall import run_start
-from tests.integration.test_start import MPS, PERSISTENCED, ipc_host  # noqa: F401
+
+# The NRI worker's tests: the same hostile trees are planted for the hook.
+from tests.integration.test_start import MPS, PERSISTENCED, _link, _plant, ipc_host  # noqa: F401
 
 LIB = "/usr/lib/x86_64-linux-gnu"
 WHO = "c1"  # the container as the hook names it: the OCI state's id
@@ -901,16 +902,6 @@ def _snapshot(path: Path) -> dict[str, list[Any]] | None:
     return hookrun.walk(path)
 
 
-def _link(rootfs: Path, path: str, target: str) -> None:
-    where = rootfs / path.lstrip("/")
-    if where.is_dir() and not where.is_symlink():
-        shutil.rmtree(where)
-    else:
-        where.unlink(missing_ok=True)
-    where.parent.mkdir(parents=True, exist_ok=True)
-    where.symlink_to(target)
-
-
 def _hostile(
     node: Node, where: Path, prepare: Callable[[Path], None], work: dict[str, Any] | None = None, **kw: Any
 ) -> Result:
@@ -1018,15 +1009,6 @@ def test_conf_dir_linked_into_a_volume_is_refused(four: Node, where: Path) -> No
         "where the plugin's rights are not the container's\n"
     )
     assert _snapshot(volume) == before
-
-
-def _plant(kind: str, where: Path) -> None:
-    where.parent.mkdir(parents=True, exist_ok=True)
-    where.unlink(missing_ok=True)
-    if kind == "fifo":
-        os.mkfifo(where, 0o666)
-    else:  # /dev/null's numbers: harmless to open, and an open shows as an inotify event
-        os.mknod(where, stat.S_IFCHR | 0o666, os.makedev(1, 3))
 
 
 @pytest.mark.parametrize("kind", ["device", "fifo"])
