@@ -24,7 +24,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names as the type checker sees them; loaded lazily below
-    from nri_gpu.engine.cdi import HOOK_EXECUTABLE, HookCommand, cdi_spec, hook_command, spec_warnings
+    from nri_gpu.engine.cdi import HookCommand, cdi_spec, hook_command, spec_warnings
     from nri_gpu.engine.config import LD_CACHE_MODES, EngineConfig, EngineConfigError, Policy
     from nri_gpu.engine.config import from_tables as config_from_tables
     from nri_gpu.engine.discover import InventoryCache, current_ipc
@@ -85,7 +85,6 @@ _EXPORTS: dict[str, tuple[str, str]] = {
         "may_request",
         "CONTAINER_ANNOTATION_PREFIX",
         "DRIVER_CAPABILITIES",
-        "HOOK_EXECUTABLE",
         "MAX_DEVICE_NODES",
         "MAX_LIST_ENTRIES",
         "MAX_REQUEST_ENV",
@@ -104,7 +103,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     **_names("nri_gpu.engine.start.runner", "find_init_pid", "run_start_async", "shows_driver_view"),
     "identity_blind_spots": ("nri_gpu.engine.start.actions", "identity_blind_spots"),
     # The CDI spec builder, and the compiled hook's command line the spec runs.
-    **_names("nri_gpu.engine.cdi", "HOOK_EXECUTABLE", "HookCommand", "cdi_spec", "hook_command", "spec_warnings"),
+    **_names("nri_gpu.engine.cdi", "HookCommand", "cdi_spec", "hook_command", "spec_warnings"),
     # Whether the compiled hook a spec names is linked statically (nri_gpu.plugin.cli.hook_install).
     "elf_interpreter": ("nri_gpu.engine.start.elf", "interpreter"),
     # node-setup looks up the host's paths as the start work does the
@@ -115,7 +114,6 @@ _EXPORTS: dict[str, tuple[str, str]] = {
 __all__ = [
     "CONTAINER_ANNOTATION_PREFIX",
     "DRIVER_CAPABILITIES",
-    "HOOK_EXECUTABLE",
     "LD_CACHE_MODES",
     "MAX_DEVICE_NODES",
     "MAX_LIST_ENTRIES",

@@ -60,11 +60,11 @@ from nri_gpu.engine.model import Capability, DeviceKind, DeviceNode, Gpu, Invent
 from nri_gpu.engine.plan import host_source
 from nri_gpu.engine.plan import plan as make_plan
 from nri_gpu.engine.request import GpuRequest, Selection
+from nri_gpu.engine.start.work import start_work
 
 __all__ = [
     "CDI_VERSION",
     "HOOK_ENV",
-    "HOOK_EXECUTABLE",
     "HOOK_TIMEOUT",
     "HOOK_TIME_LIMIT",
     "HOOK_WORK_VERSION",
@@ -83,8 +83,6 @@ CDI_VERSION = "0.5.0"
 KIND = "nvidia.com/gpu"
 # The hook reads nothing of its environment; a PATH is all any hook is given.
 HOOK_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
-# The hook executable (hook/, compiled), installed beside ``nri-gpu``.
-HOOK_EXECUTABLE = "nri-gpu-hook"
 # The format of ``hook_work``'s description; the hook refuses another by name.
 HOOK_WORK_VERSION = 1
 # Seconds the hook gives its own whole run (its ``--time-limit``): far
@@ -135,23 +133,43 @@ def hook_work(inventory: Inventory, config: EngineConfig, capabilities: frozense
     ``linux.devices`` hold. Every root is given as the host sees it: the hook runs
     on the host, before ``pivot_root``.
     """
-    common = make_plan(GpuRequest(Selection.NONE, (), capabilities, (), "CDI spec"), inventory, config)
-    proc_root = config.to_host_path(config.proc_root).rstrip("/") or "/"
+    return _hook_work(_plan_for_every_container(inventory, config, capabilities), inventory, config, capabilities)
+
+
+def _plan_for_every_container(inventory: Inventory, config: EngineConfig, capabilities: frozenset[Capability]) -> Plan:
+    """What every container of the spec gets besides its devices: the plan for none."""
+    return make_plan(GpuRequest(Selection.NONE, (), capabilities, (), "CDI spec"), inventory, config)
+
+
+def _hook_work(
+    common: Plan, inventory: Inventory, config: EngineConfig, capabilities: frozenset[Capability]
+) -> dict[str, Any]:
+    # The NRI path's own projection of a plan onto the start work, with the roots
+    # as the host sees them: one derivation of the procfs source and the IPC root.
+    work = start_work(
+        common,
+        "CDI spec",
+        config.to_host_path(config.proc_root),
+        config.ld_cache,
+        driver_root=config.to_host_path(config.driver_root),
+        cuda_compat=config.policy.cuda_compat,
+        driver_version=inventory.driver_version or "",
+    )
     layout = inventory.mig
     return {
         "version": HOOK_WORK_VERSION,
-        "symlinks": [[link.path, link.target] for link in common.symlinks],
-        "ldconfig_folders": list(common.ldconfig_folders),
+        "symlinks": [[link.path, link.target] for link in work.symlinks],
+        "ldconfig_folders": list(work.ldconfig_folders),
         "ld_cache_entries": [
-            [e.name, e.path, e.flags, e.is_64bit, e.hwcap, e.osversion] for e in common.ld_cache_entries
+            [e.name, e.path, e.flags, e.is_64bit, e.hwcap, e.osversion] for e in work.ld_cache_entries
         ],
-        "ld_cache": config.ld_cache.value,
+        "ld_cache": work.ld_cache.value,
         "ldconfig": config.ldconfig,
-        "proc_source": None if proc_root == "/proc" else f"{proc_root}/driver/nvidia",
-        "ipc_root": config.to_host_path(config.driver_root).rstrip("/") or "/",
+        "proc_source": work.proc_source,
+        "ipc_root": work.ipc_root,
         "ipc": [[path, kind.value, host_source(path, config)] for path, kind in sorted(IPC_TYPES.items())],
-        "cuda_compat": config.policy.cuda_compat,
-        "driver_version": inventory.driver_version or "",
+        "cuda_compat": work.cuda_compat,
+        "driver_version": work.driver_version,
         "graphics": bool(capabilities & {Capability.GRAPHICS, Capability.DISPLAY}),
         "nvidia_major": inventory.nvidia_major,
         "caps_major": layout.caps_major,
@@ -175,8 +193,7 @@ def cdi_spec(
     """
     if not inventory.gpus:
         raise DiscoveryError("no GPU found on this node (see `nri-gpu info`): a CDI spec needs at least one device")
-    # What every container of the spec gets besides its devices: the plan for none.
-    common = make_plan(GpuRequest(Selection.NONE, (), capabilities, (), "CDI spec"), inventory, config)
+    common = _plan_for_every_container(inventory, config, capabilities)
     gpus = sorted(inventory.gpus, key=lambda g: g.index)
     devices: list[dict[str, Any]] = []
     for gpu in gpus:
@@ -198,7 +215,7 @@ def cdi_spec(
     nodes = [every[m] for m in sorted(every)] + [caps[m] for m in sorted(caps)]
     nodes += [n for g in whole for n in _drm_nodes(inventory, g, capabilities)]
     devices.append({"name": "all", "containerEdits": {"deviceNodes": [_device(n) for n in nodes]}})
-    work = json.dumps(hook_work(inventory, config, capabilities), separators=(",", ":"))
+    work = json.dumps(_hook_work(common, inventory, config, capabilities), separators=(",", ":"))
     return {
         "cdiVersion": CDI_VERSION,
         "kind": KIND,

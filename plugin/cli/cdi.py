@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from nri_gpu.engine import (
-    HOOK_EXECUTABLE,
     LD_CACHE_MODES,
     Capability,
     EngineConfig,
@@ -41,11 +38,10 @@ from nri_gpu.engine import (
 )
 from nri_gpu.plugin.cli import args as cli_args
 from nri_gpu.plugin.cli.cdi_conflicts import conflicts
-from nri_gpu.plugin.cli.compiled_hook import installed_hook
+from nri_gpu.plugin.cli.compiled_hook import HOOK_EXECUTABLE, installed_hook
 from nri_gpu.plugin.cli.config_files import FileRefused, Folder
 from nri_gpu.plugin.cli.hook_install import check_hook
 
-_EXECUTABLE = "nri-gpu"
 # Where the README installs nri-gpu, and with it the hook: root's own, named by every spec.
 INSTALL_VENV = "/usr/local/lib/nri-gpu/venv"
 INSTALL_LINK = "/usr/local/bin/nri-gpu"
@@ -80,14 +76,6 @@ def capabilities(value: str | None, engine: EngineConfig) -> frozenset[Capabilit
     """The capabilities a spec gives: ``value`` (default utility,compute) within the policy's."""
     caps = parse_capabilities(value, legacy_image=False, what="--capabilities ")
     return caps & engine.policy.capabilities
-
-
-def own_path(argv0: str) -> str | None:
-    """Where this ``nri-gpu`` (the console script) is installed, as an absolute path;
-    None if unknown."""
-    if os.path.basename(argv0) == _EXECUTABLE and os.access(argv0, os.X_OK):
-        return os.path.abspath(argv0)
-    return shutil.which(_EXECUTABLE)
 
 
 def _ld_cache_flags(args: argparse.Namespace, engine: EngineConfig) -> EngineConfig:

@@ -215,9 +215,9 @@ def _docker_version(args: argparse.Namespace) -> tuple[tuple[int, int, int] | No
     return None, "; ".join(why)
 
 
-def _spec(args: argparse.Namespace, argv0: str) -> tuple[str, str] | None:
-    """The spec ``cdi generate`` would write and the driver root on the host (None, with
-    the reason printed, when refused)."""
+def _spec(args: argparse.Namespace, argv0: str) -> tuple[str, str, str] | None:
+    """The spec ``cdi generate`` would write, the driver root on the host and the hook
+    the spec names (None, with the reason printed, when refused)."""
     # Imported here: the CDI path pulls in the engine, which containerd and CRI-O setup never need.
     from nri_gpu.engine import EngineError, discover_inventory, hook_command
     from nri_gpu.plugin.cli import cdi as cdi_cli
@@ -248,26 +248,24 @@ def _spec(args: argparse.Namespace, argv0: str) -> tuple[str, str] | None:
         return None
     for conflict in conflicts(str(args.cdi_spec)):
         print(f"nri-gpu: warning: {conflict.message}", file=sys.stderr)
-    return text, str(Path(engine.host_root, engine.driver_root.lstrip("/")))
+    return text, str(Path(engine.host_root, engine.driver_root.lstrip("/"))), hook_path
 
 
-def _units(args: argparse.Namespace, driver_root: str) -> Units | None:
-    """The systemd units that run this install's ``cdi generate`` again (None: --no-unit)."""
-    from nri_gpu.plugin.cli import cdi as cdi_cli
-    from nri_gpu.plugin.cli.compiled_hook import installed_hook
+def _units(args: argparse.Namespace, driver_root: str, hook_path: str) -> Units | None:
+    """The systemd units that run this install's ``cdi generate`` again, for the spec
+    naming ``hook_path`` (None: --no-unit)."""
+    from nri_gpu.plugin.cli.compiled_hook import installed_nri_gpu
 
     if args.no_unit:
         return None
-    argv0 = sys.argv[0] if sys.argv else ""
-    nri_gpu = cdi_cli.own_path(argv0)
-    hook_path = args.hook_path or installed_hook(argv0)
-    if nri_gpu is None or hook_path is None:
-        raise SetupError("cannot tell where nri-gpu and nri-gpu-hook are installed for the units; pass --no-unit")
-    flags = ["--hook-path", hook_path]
+    nri_gpu = installed_nri_gpu(sys.argv[0] if sys.argv else "")
+    if nri_gpu is None:
+        raise SetupError("cannot tell where nri-gpu is installed for the units; pass --no-unit")
+    flags: list[str] = []
     for name in ("driver_root", "dev_root", "proc_root", "host_root", "capabilities"):
         if getattr(args, name):
             flags += ["--" + name.replace("_", "-"), getattr(args, name)]
-    texts = planned_units(nri_gpu, args.cdi_spec, flags, driver_root, args.unit_dir)
+    texts = planned_units(nri_gpu, hook_path, args.cdi_spec, flags, driver_root, args.unit_dir)
     return Units(args.unit_dir, texts)
 
 
@@ -282,8 +280,8 @@ def _cdi_install(args: argparse.Namespace) -> SpecResult | None:
     found = _spec(args, sys.argv[0] if sys.argv else "")
     if found is None:
         return None
-    text, driver_root = found
-    units = _units(args, driver_root)
+    text, driver_root, hook_path = found
+    units = _units(args, driver_root, hook_path)
     needed, why = False, ""
     if daemon is not None:
         version, said = _docker_version(args)

@@ -115,19 +115,16 @@ WantedBy={_WANTED_BY}
 
 
 def planned_units(
-    nri_gpu: str, spec: Path, flags: Sequence[str], driver_root: str | None, unit_dir: Path
+    nri_gpu: str, hook: str, spec: Path, flags: Sequence[str], driver_root: str | None, unit_dir: Path
 ) -> dict[str, str]:
     """The unit files for this install, refused (SetupError, every problem named) when
     a user other than root could change what they run or where they write: ``nri-gpu``
-    itself (a Python console script, and everything it imports) and the hook its spec
-    names (``--hook-path`` in ``flags``, as ``cdi generate`` checks it, and no
-    ``--allow-untrusted-hook`` here: a unit runs unattended at every boot), the spec's
-    folder, the roots and the unit folder."""
-    argv = exec_start(nri_gpu, spec, flags)
-    problems = check_install(nri_gpu)
-    hooks = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f == "--hook-path"]
-    for hook in hooks:
-        problems += check_hook(hook)
+    itself (a Python console script, and everything it imports) and ``hook``, the hook
+    its spec names (as ``cdi generate`` checks it, and no ``--allow-untrusted-hook``
+    here: a unit runs unattended at every boot), the spec's folder, the roots in
+    ``flags`` and the unit folder."""
+    argv = exec_start(nri_gpu, spec, ["--hook-path", hook, *flags])
+    problems = check_install(nri_gpu) + check_hook(hook)
     folders = [str(spec.parent), str(unit_dir), *(flags[i + 1] for i, f in enumerate(flags) if f.endswith("-root"))]
     for folder in dict.fromkeys(folders):
         problems += check_folder(folder)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nri_gpu.plugin.cli.compiled_hook import HOOK_EXECUTABLE, installed_hook
+from nri_gpu.plugin.cli.compiled_hook import HOOK_EXECUTABLE, installed_hook, installed_nri_gpu
 from testbed.rust_toolchain import has_interpreter
 
 
@@ -57,6 +57,22 @@ def test_without_the_console_script_the_scripts_folder_is_asked(
     monkeypatch.setattr(sysconfig, "get_path", lambda name: str(folder) if name == "scripts" else "")
     assert installed_hook("/opt/nri-gpu/plugin/cli/__main__.py") == str(folder / HOOK_EXECUTABLE)
     assert installed_hook("") == str(folder / HOOK_EXECUTABLE)
+
+
+def test_the_console_script_for_a_unit_is_the_one_running_else_the_scripts_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unit runs the nri-gpu that installed it, as named (the README's link stays the
+    link); under ``python -m`` the one beside the hook, never another on PATH."""
+    folder = venv_bin(tmp_path, "nri-gpu", HOOK_EXECUTABLE)
+    (tmp_path / "local-bin").mkdir()
+    (tmp_path / "local-bin" / "nri-gpu").symlink_to(folder / "nri-gpu")
+    assert installed_nri_gpu(str(tmp_path / "local-bin" / "nri-gpu")) == str(tmp_path / "local-bin" / "nri-gpu")
+    monkeypatch.setattr(sysconfig, "get_path", lambda name: str(folder) if name == "scripts" else "")
+    monkeypatch.setenv("PATH", str(tmp_path / "local-bin"))
+    assert installed_nri_gpu("/opt/nri-gpu/plugin/cli/__main__.py") == str(folder / "nri-gpu")
+    (folder / "nri-gpu").unlink()
+    assert installed_nri_gpu("/opt/nri-gpu/plugin/cli/__main__.py") is None
 
 
 def test_this_venv_holds_the_static_hook_hack_setup_built() -> None:

@@ -266,7 +266,7 @@ def test_a_spec_that_is_not_ours_is_neither_overwritten_nor_removed(tmp_path: Pa
 def _docker_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, list[str]]:
     """The spec and daemon.json paths, and ``install --runtime docker`` for them, with ``SPEC`` as the spec."""
     spec, daemon = _paths(tmp_path)
-    monkeypatch.setattr(setup_cli, "_spec", lambda args, argv0: (SPEC, "/"))
+    monkeypatch.setattr(setup_cli, "_spec", lambda args, argv0: (SPEC, "/", "/usr/bin/nri-gpu-hook"))
     return (
         spec,
         daemon,
@@ -307,7 +307,7 @@ def test_the_cli_asks_dockerd_for_its_version(
     fake = bin_dir / "dockerd"
     fake.write_text("#!/bin/sh\necho 'Docker version 28.5.2, build 89c5e8f'\n")
     fake.chmod(0o755)
-    monkeypatch.setattr(setup_cli, "_spec", lambda args, argv0: (SPEC, "/"))
+    monkeypatch.setattr(setup_cli, "_spec", lambda args, argv0: (SPEC, "/", "/usr/bin/nri-gpu-hook"))
     monkeypatch.setattr(setup_cli.shutil, "which", lambda name: str(fake) if name == "dockerd" else None)
     argv = [
         "install",

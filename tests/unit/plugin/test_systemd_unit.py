@@ -15,6 +15,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -182,35 +183,36 @@ def test_a_hook_or_folder_others_can_change_is_refused_for_the_unit(
     tmp_path: Path, trusted_nri_gpu: str, trusted_hook: str
 ) -> None:
     """No --allow-untrusted-hook for a unit: it runs unattended at every boot."""
-    hook = ["--hook-path", trusted_hook]
     units = tmp_path / "units"
-    assert planned_units(trusted_nri_gpu, tmp_path / "cdi.json", hook, None, units)  # the control
+    assert planned_units(trusted_nri_gpu, trusted_hook, tmp_path / "cdi.json", [], None, units)  # the control
     open_dir = tmp_path / "open"
     open_dir.mkdir()
     open_dir.chmod(0o777)
     with pytest.raises(SetupError, match="users other than root") as caught:
-        planned_units(trusted_nri_gpu, open_dir / "nri-gpu.json", hook, None, units)
+        planned_units(trusted_nri_gpu, trusted_hook, open_dir / "nri-gpu.json", [], None, units)
     assert str(open_dir) in str(caught.value)
     with pytest.raises(SetupError, match="users other than root") as caught:
-        planned_units(trusted_nri_gpu, tmp_path / "cdi.json", [*hook, "--driver-root", str(open_dir)], None, units)
+        planned_units(
+            trusted_nri_gpu, trusted_hook, tmp_path / "cdi.json", ["--driver-root", str(open_dir)], None, units
+        )
     assert str(open_dir) in str(caught.value)
     # What the unit runs: nri-gpu, and the hook its spec names.
     nri_gpu = open_dir / "nri-gpu"
     shutil.copy(trusted_nri_gpu, nri_gpu)
     with pytest.raises(SetupError, match="is writable by its group and others") as caught:
-        planned_units(str(nri_gpu), tmp_path / "cdi.json", hook, None, units)
+        planned_units(str(nri_gpu), trusted_hook, tmp_path / "cdi.json", [], None, units)
     assert f"{open_dir} is writable by its group and others" in str(caught.value)
     open_hook = open_dir / "nri-gpu-hook"
     shutil.copy(trusted_hook, open_hook)
     with pytest.raises(SetupError, match="users other than root") as caught:
-        planned_units(trusted_nri_gpu, tmp_path / "cdi.json", ["--hook-path", str(open_hook)], None, units)
+        planned_units(trusted_nri_gpu, str(open_hook), tmp_path / "cdi.json", [], None, units)
     assert f"{open_dir} is writable by its group and others (mode 0777)" in str(caught.value)
 
 
 def test_a_hook_that_is_not_the_compiled_one_is_refused_for_the_unit(tmp_path: Path, trusted_nri_gpu: str) -> None:
     # nri-gpu itself where the hook belongs (the Python hook's old place): root's, not the hook.
     with pytest.raises(SetupError) as caught:
-        planned_units(trusted_nri_gpu, tmp_path / "cdi.json", ["--hook-path", trusted_nri_gpu], None, tmp_path / "u")
+        planned_units(trusted_nri_gpu, trusted_nri_gpu, tmp_path / "cdi.json", [], None, tmp_path / "u")
     assert f"{trusted_nri_gpu} is not nri-gpu's compiled hook (not an ELF file)" in str(caught.value)
     assert not (tmp_path / "u").exists()
 
@@ -237,13 +239,17 @@ def test_install_that_cannot_tell_which_nri_gpu_runs_writes_no_unit(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # python -m nri_gpu.plugin.cli, no nri-gpu on PATH: the unit would have nothing to run.
+    # python -m nri_gpu.plugin.cli from an interpreter with no nri-gpu in its scripts
+    # folder: the unit would have nothing to run. One on PATH (another install's,
+    # perhaps) is never taken instead.
     monkeypatch.setattr(sys, "argv", [sys.executable])
-    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setattr(sysconfig, "get_path", lambda name: str(empty))
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:/usr/bin:/bin")
+    assert shutil.which("nri-gpu")  # the venv's, on PATH
     assert main(_install(tmp_path, node, trusted_hook)) == 1
-    assert "cannot tell where nri-gpu and nri-gpu-hook are installed for the units; pass --no-unit" in (
-        capsys.readouterr().err
-    )
+    assert "cannot tell where nri-gpu is installed for the units; pass --no-unit" in capsys.readouterr().err
     assert not (tmp_path / "units").exists() and not (tmp_path / "cdi" / "nri-gpu.json").exists()
 
 
