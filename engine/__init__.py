@@ -4,18 +4,20 @@ Independent of NRI and of ``plugin`` (never imports it): the plugin turns NRI
 messages into engine calls and engine plans into NRI adjustments.
 
 This package is the engine's one front door: ``plugin`` imports every name it
-uses from ``engine`` (``from engine import parse_request``), never from a
+uses from ``nri_gpu.engine`` (``from nri_gpu.engine import parse_request``), never from a
 submodule (``tests/test_layering.py`` holds it to that); the engine's own
 modules import each other directly. The names are loaded on first use
 (PEP 562): a command imports what it uses and no more (``nri-gpu cdi
 generate`` needs no NRI runner, the NRI path no CDI spec builder, neither the
-CUDA and NVML probes until discovery asks). ``import engine`` alone imports no
-submodule.
+CUDA and NVML probes until discovery asks). ``import nri_gpu.engine`` alone
+imports no submodule.
 
-Three names differ from their module's (``make_plan`` is ``engine.plan.plan``,
-``discover_inventory`` is ``engine.discover.discover``, ``find_equipped`` is
-``engine.equipped.equipped``): once a submodule is imported, Python binds its
-name on the package, which would shadow an export of the same name.
+Five names differ from their module's (``make_plan`` is ``plan.plan``,
+``discover_inventory`` is ``discover.discover``, ``find_equipped`` is
+``equipped.equipped``, ``config_from_tables`` is ``config.from_tables``,
+``elf_interpreter`` is ``start.elf.interpreter``): once a submodule is imported,
+Python binds its name on the package, which would shadow an export of the same
+name.
 """
 
 from __future__ import annotations

@@ -116,9 +116,8 @@ def fingerprint(config: EngineConfig) -> tuple[str, tuple[str, ...], tuple[str, 
 
 
 def _read_cuda_version(libcuda: str) -> tuple[str | None, str | None]:
-    """``engine.cudaversion.read_cuda_version``, imported on first use: the CDI hook
-    passes its own probes and would pay for their imports (subprocess, selectors)
-    at every container start."""
+    """``engine.cudaversion.read_cuda_version``, imported on first use: a caller that
+    passes its own probe (tests, the benchmark) does not pay for its imports."""
     from nri_gpu.engine.cudaversion import read_cuda_version
 
     return read_cuda_version(libcuda)
@@ -561,7 +560,7 @@ def _nvml(
     else:
         snapshot, error = reader(driver.host_path(libnvml.path))
         if snapshot is not None:
-            from nri_gpu.engine.nvml import check_against_procfs  # see _read_cuda_version: not on the hook's path
+            from nri_gpu.engine.nvml import check_against_procfs  # imported on first use, as _read_nvml
 
             checked, found = check_against_procfs(snapshot, gpus, mig)
             warnings += found

@@ -289,14 +289,14 @@ def _take_proc_source(host: _Host, work: StartWork, steps: _Steps) -> None:
             host.proc_source.take_outside(work.visible_bus_ids, work.proc_caps, work.proc_caps_all)
 
 
-def _proc_mounts(fd: int, name: str, note: str = "") -> tuple[str, ...]:
+def _proc_mounts(fd: int, name: str) -> tuple[str, ...]:
     """The procfs mount points the mountinfo open at ``fd`` (``name`` in messages)
     lists; closes ``fd``. Refused over ``_MOUNTINFO_LIMIT``: cut short, one could
     be left uncovered for ldconfig."""
     with open(fd, encoding="utf-8", errors="replace") as f:
         text = f.read(_MOUNTINFO_LIMIT + 1)
     if len(text) > _MOUNTINFO_LIMIT:
-        raise WorkError(f"{name}: over {_MOUNTINFO_LIMIT} bytes{note}")
+        raise WorkError(f"{name}: over {_MOUNTINFO_LIMIT} bytes")
     return mountinfo.proc_mount_points(text)
 
 

@@ -62,14 +62,14 @@ class Trusted:
 
     ``binary``: the ldconfig fd; ``own_pid_namespace``: the worker's pid
     namespace, set back for its children after the ldconfig process was made in
-    a fresh one (None: not reachable, the caller makes no further process);
+    a fresh one;
     ``proc_mounts``: mount points of the container's procfs mounts; ``devnull``:
     the host's ``/dev/null``, for stdin.
     """
 
     path: str
     binary: int
-    own_pid_namespace: int | None
+    own_pid_namespace: int
     proc_mounts: tuple[str, ...]
     devnull: int
 

@@ -313,8 +313,7 @@ def _fork(trusted: Trusted, output: int, cache: int) -> int:
             if pid == 0:
                 confine.exec_confined(trusted, output, cache, worker)  # never returns
         finally:
-            if trusted.own_pid_namespace is not None:
-                syscalls.setns(trusted.own_pid_namespace, syscalls.CLONE_NEWPID)  # new threads allowed again
+            syscalls.setns(trusted.own_pid_namespace, syscalls.CLONE_NEWPID)  # new threads allowed again
     finally:
         os.close(worker)
     return pid

@@ -2,9 +2,9 @@
 
 Commands: ``run`` (the NRI plugin), ``info`` (what discovery finds on this node),
 ``plan`` (what a container with the given env and pod annotations would get),
-``config default``, ``install`` and ``uninstall`` (node setup, in ``setup_cli``),
-and ``cdi generate`` (the CDI path, in ``cdi_cli``; the spec's hook is the
-compiled ``nri-gpu-hook``, hook/).
+``config default``, ``install`` and ``uninstall`` (node setup, in ``install``),
+``node-setup`` (the DaemonSet's init step, in ``node_setup``) and ``cdi generate``
+(the CDI path, in ``cdi``; the spec's hook is the compiled ``nri-gpu-hook``, hook/).
 """
 
 from __future__ import annotations

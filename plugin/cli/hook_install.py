@@ -70,7 +70,7 @@ if any(os.path.isfile(c) for c in configs):
     sites += site.getsitepackages([venv])
 print(json.dumps({"path": sys.path, "site": sites}))
 """
-# -I: the hook's own sys.path, and where its packages are (found, not imported).
+# -I: nri-gpu's own sys.path, and where its packages are (found, not imported).
 # (Finding nri_gpu.plugin imports nri_gpu: a namespace package, which runs no code.)
 _FULL_QUERY = """
 import importlib.util, json, sys
@@ -299,7 +299,7 @@ def _before_running(interp: str, seen: set[tuple[int, int]]) -> list[str]:
 
 
 def check_imports(interp: str) -> list[str]:
-    """Problems with where ``interp`` imports the hook from, each folder checked.
+    """Problems with where ``interp`` imports nri-gpu from, each folder checked.
 
     Raises ValueError when ``interp`` cannot be asked (not Python, or it failed)."""
     seen: set[tuple[int, int]] = set()
