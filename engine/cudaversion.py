@@ -3,7 +3,10 @@
 Loading libcuda into the long-running plugin would map the driver's user-space
 into it for good (and run its constructors there), so the call happens once, in
 a short-lived child interpreter with an empty environment, isolated mode (no
-site, no user paths), and a timeout. The child prints one integer.
+site, no user paths), and a timeout; its output is read as the NVML probe's is
+(``engine.drain.bounded_output``: bounded, and the whole process group killed at
+the limit, so no process left holding the pipe keeps us waiting). The child
+prints two integers.
 """
 
 from __future__ import annotations
@@ -12,8 +15,11 @@ import logging
 import subprocess
 import sys
 
+from nri_gpu.engine.drain import bounded_output
+
 logger = logging.getLogger(__name__)
 
+_MAX_OUTPUT = 4096  # two integers, or a traceback's last lines
 _PROBE = """
 import ctypes, sys
 lib = ctypes.CDLL(sys.argv[1])
@@ -35,20 +41,26 @@ def format_cuda_version(value: int) -> str:
 def read_cuda_version(libcuda: str, timeout: float = 10.0) -> tuple[str | None, str | None]:
     """(version, None) or (None, why not) for the libcuda at host path ``libcuda``."""
     try:
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", _PROBE, libcuda],
             env={},
             cwd="/",
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # a timeout kills its whole group
         )
-    except (OSError, subprocess.TimeoutExpired) as exc:
+    except OSError as exc:
         return None, f"cannot run the CUDA version probe on {libcuda}: {exc}"
-    fields = proc.stdout.split()
+    try:
+        raw_out, raw_err = bounded_output(proc, timeout, _MAX_OUTPUT)
+    except subprocess.TimeoutExpired:
+        return None, f"cuDriverGetVersion probe of {libcuda} did not answer within {timeout:g} s; killed"
+    if len(raw_out) > _MAX_OUTPUT or len(raw_err) > _MAX_OUTPUT:
+        return None, f"cuDriverGetVersion probe of {libcuda} wrote more than {_MAX_OUTPUT} bytes; killed"
+    fields = raw_out.decode(errors="replace").split()
     if proc.returncode != 0 or len(fields) != 2 or not all(f.lstrip("-").isdigit() for f in fields):
-        detail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        detail = (raw_err.decode(errors="replace").strip().splitlines() or ["no output"])[-1][:200]
         return None, f"cuDriverGetVersion probe of {libcuda} failed (exit {proc.returncode}): {detail}"
     rc, value = int(fields[0]), int(fields[1])
     if rc != 0 or value <= 0:

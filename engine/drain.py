@@ -1,5 +1,5 @@
 """A child process's pipes read until they close, within a deadline: the engine's
-one poll loop (the NVML probe's output, the confined ldconfig's).
+one poll loop (the NVML and CUDA probes' output, the confined ldconfig's).
 
 A child that never closes its pipes, or writes without end, must cost the caller
 no more than its deadline and a bounded buffer: ``communicate`` would wait for
@@ -14,10 +14,12 @@ from __future__ import annotations
 import enum
 import os
 import select
+import signal
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 
-__all__ = ["Drained", "drain"]
+__all__ = ["Drained", "bounded_output", "drain"]
 
 _CHUNK = 65536
 
@@ -47,3 +49,33 @@ def drain(fds: Sequence[int], deadline: float, take: Callable[[int, bytes], bool
             elif not take(fd, chunk):
                 return Drained.STOPPED
     return Drained.CLOSED
+
+
+def bounded_output(proc: subprocess.Popen[bytes], timeout: float, limit: int) -> tuple[bytes, bytes]:
+    """(stdout, stderr) of ``proc`` once it has exited, each read up to ``limit`` + 1
+    bytes: past that, or past ``timeout`` seconds (``TimeoutExpired``), its process
+    group is killed. ``communicate`` would hold whatever a broken library prints."""
+    assert proc.stdout is not None and proc.stderr is not None
+    deadline = time.monotonic() + timeout
+    out, err = bytearray(), bytearray()
+    streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+
+    def keep(fd: int, chunk: bytes) -> bool:
+        streams[fd].extend(chunk)
+        return len(streams[fd]) <= limit
+
+    try:
+        drained = drain(list(streams), deadline, keep)
+        if drained is Drained.TIMED_OUT:
+            raise subprocess.TimeoutExpired(proc.args, timeout)
+        if drained is Drained.STOPPED:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(max(0.0, deadline - time.monotonic()))
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    finally:
+        proc.stdout.close()
+        proc.stderr.close()
+    return bytes(out), bytes(err)

@@ -36,16 +36,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from nri_gpu.engine.drain import Drained, drain
+from nri_gpu.engine.drain import bounded_output
 from nri_gpu.engine.errors import DiscoveryError
 from nri_gpu.engine.model import Gpu, MigLayout, NvmlGpu, NvmlMigDevice, NvmlSnapshot
 
@@ -298,36 +296,6 @@ def _run(libnvml: str, timeout: float) -> str:
         detail = (err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
         raise NvmlError(f"NVML probe of {libnvml} failed (exit {proc.returncode}): {detail[:200]}")
     return out[: MAX_OUTPUT + 1].decode(errors="replace")
-
-
-def bounded_output(proc: subprocess.Popen[bytes], timeout: float, limit: int) -> tuple[bytes, bytes]:
-    """(stdout, stderr) of ``proc`` once it has exited, each read up to ``limit`` + 1
-    bytes: past that, or past ``timeout`` seconds (``TimeoutExpired``), its process
-    group is killed. ``communicate`` would hold whatever a broken library prints."""
-    assert proc.stdout is not None and proc.stderr is not None
-    deadline = time.monotonic() + timeout
-    out, err = bytearray(), bytearray()
-    streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
-
-    def keep(fd: int, chunk: bytes) -> bool:
-        streams[fd].extend(chunk)
-        return len(streams[fd]) <= limit
-
-    try:
-        drained = drain(list(streams), deadline, keep)
-        if drained is Drained.TIMED_OUT:
-            raise subprocess.TimeoutExpired(proc.args, timeout)
-        if drained is Drained.STOPPED:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(max(0.0, deadline - time.monotonic()))
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise
-    finally:
-        proc.stdout.close()
-        proc.stderr.close()
-    return bytes(out), bytes(err)
 
 
 def read_nvml(libnvml: str, timeout: float = DEFAULT_TIMEOUT) -> tuple[NvmlSnapshot | None, str | None]:

@@ -260,7 +260,7 @@ def test_the_probe_s_output_is_read_only_up_to_its_limit() -> None:
     limit, then the child's whole group is killed (``communicate`` held it all)."""
     import sys
 
-    from nri_gpu.engine.nvml import bounded_output
+    from nri_gpu.engine.drain import bounded_output
 
     for stream in ("stdout", "stderr"):
         proc = subprocess.Popen(
