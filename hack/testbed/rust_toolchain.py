@@ -68,7 +68,12 @@ def found_cargo() -> str | None:
     return rustup if os.access(rustup, os.X_OK) else None
 
 
-def _wrapper(tree: Path) -> str:
+# The wrappers beside each other: a folder to put first on PATH, where setuptools-rust
+# looks for rustc (it runs ``rustc -V`` before cargo).
+_WRAPPED = ("cargo", "rustc")
+
+
+def _wrapper(tree: Path, tool: str) -> str:
     lib, bin_ = shlex.quote(str(tree / _LIBS)), tree / "usr/bin"
     return (
         "#!/bin/sh\n"
@@ -77,7 +82,7 @@ def _wrapper(tree: Path) -> str:
         f"RUSTC={shlex.quote(str(bin_ / 'rustc'))}\n"
         f"RUSTDOC={shlex.quote(str(bin_ / 'rustdoc'))}\n"
         "export LD_LIBRARY_PATH RUSTC RUSTDOC\n"
-        f'exec {shlex.quote(str(bin_ / "cargo"))} "$@"\n'
+        f'exec {shlex.quote(str(bin_ / tool))} "$@"\n'
     )
 
 
@@ -103,7 +108,7 @@ def debian_cargo() -> Path:
     key = hashlib.sha256("\0".join(path.name for path in unpacked).encode()).hexdigest()[:16]
     root = cache_dir() / "rust-bookworm"
     cargo = root / key / "cargo"
-    if not cargo.is_file():
+    if not all((root / key / tool).is_file() for tool in _WRAPPED):
         _put_together(unpacked, root, key)
     _check(cargo)  # every time: the host's libraries may have gone since
     return cargo
@@ -113,15 +118,17 @@ def _put_together(unpacked: list[Path], root: Path, key: str) -> None:
     """Write ``root/key``: the trees in ``unpacked`` linked into one, and the cargo script."""
     root.mkdir(parents=True, exist_ok=True)
     with locked(root / ".lock"):
-        if (root / key / "cargo").is_file():  # another process finished it while we waited
+        if all((root / key / tool).is_file() for tool in _WRAPPED):  # another process finished it meanwhile
             return
+        shutil.rmtree(root / key, ignore_errors=True)  # one from before the rustc wrapper
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tree-"))
         try:
             for source in unpacked:
                 _link_tree(source, tmp)
-            script = tmp / "cargo"
-            script.write_text(_wrapper(root / key))
-            script.chmod(0o755)
+            for tool in _WRAPPED:
+                script = tmp / tool
+                script.write_text(_wrapper(root / key, tool))
+                script.chmod(0o755)
             os.chmod(tmp, 0o755)  # mkdtemp makes 0700
             os.replace(tmp, root / key)
         except BaseException:

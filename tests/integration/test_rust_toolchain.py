@@ -55,3 +55,16 @@ def test_the_hook_builds_statically_with_rust_1_63(bookworm_cargo: Path, tmp_pat
 
 def test_the_hooks_tests_compile_with_rust_1_63(bookworm_cargo: Path, tmp_path: Path) -> None:
     cargo(bookworm_cargo, "test", "--no-run", target=tmp_path)
+
+
+def test_the_folder_of_the_cargo_wrapper_runs_rustc_too(bookworm_cargo: Path) -> None:
+    """hack/setup and hack/lint put the cargo's folder first on PATH: setuptools-rust (pip
+    install) runs ``rustc -V`` from PATH before it runs cargo."""
+    done = subprocess.run(
+        ["rustc", "-V"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": f"{bookworm_cargo.parent}:/usr/bin:/bin"},
+    )
+    assert done.returncode == 0 and done.stdout.startswith("rustc 1.63."), (done.stdout, done.stderr)
