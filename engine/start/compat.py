@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import stat
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -134,7 +133,7 @@ def _with_file(root: RootDir, name: str, use: Callable[[elf.Read], object]) -> o
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise _Skip(f"{path}: not a regular file{_USED}")
         return use(lambda offset, size: _pread(fd, size, offset))
-    except (ValueError, OSError, struct.error) as exc:  # struct.error: a note cut short
+    except (ValueError, OSError) as exc:
         raise _Skip(f"{path}: {exc}{_USED}") from exc
     finally:
         os.close(fd)
@@ -182,8 +181,5 @@ def _entries(root: RootDir, listing: dict[str, str]) -> tuple[LdCacheEntry, ...]
                 continue
             key = library_key(name, lib.soname, is_link=kind == _LINK)
             if key not in by_key and "/" not in key and key not in (".", ".."):
-                # ldconfig computes the ABI note's osversion in 32 bits: an OS field
-                # over 255 keeps its low byte (and the cache's field holds 32 bits).
-                osversion = lib.osversion & 0xFFFFFFFF
-                by_key[key] = LdCacheEntry(key, f"{COMPAT_DIR}/{key}", lib.flags, True, 0, osversion)
+                by_key[key] = LdCacheEntry(key, f"{COMPAT_DIR}/{key}", lib.flags, True, 0, lib.osversion)
     return tuple(by_key[key] for key in sorted(by_key))

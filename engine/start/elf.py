@@ -168,15 +168,19 @@ def _soname(read: Read, o: str, dynamic: bytes, segments: list[tuple[int, ...]])
 
 
 def _abi_tag(o: str, notes: bytes, align: int) -> int | None:
-    """glibc's ``osversion`` from a ``GNU`` ``NT_GNU_ABI_TAG`` note among ``notes``."""
+    """glibc's ``osversion`` from a ``GNU`` ``NT_GNU_ABI_TAG`` note among ``notes``,
+    in 32 bits as ldconfig computes it (an OS field over 255 keeps its low byte).
+    Raises ``ValueError`` for a tag whose descriptor runs past the notes."""
     pos = 0
     while pos + 12 <= len(notes):
         namesz, descsz, n_type = struct.unpack_from(o + "III", notes, pos)
         name_at = pos + 12
         desc_at = name_at + -(-namesz // 4) * 4
         if n_type == 1 and notes[name_at : name_at + namesz] == b"GNU\0" and descsz >= 16:
+            if desc_at + 16 > len(notes):
+                raise ValueError("an ABI tag note cut short")
             os_, major, minor, sub = (int(v) for v in struct.unpack_from(o + "IIII", notes, desc_at))
-            return (os_ << 24) | ((major & 0xFF) << 16) | ((minor & 0xFF) << 8) | (sub & 0xFF)
+            return ((os_ & 0xFF) << 24) | ((major & 0xFF) << 16) | ((minor & 0xFF) << 8) | (sub & 0xFF)
         pos = desc_at + -(-descsz // align) * align
     return None
 

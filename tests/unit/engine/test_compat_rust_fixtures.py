@@ -42,7 +42,8 @@ COMPAT_DIR = "usr/local/cuda/compat"
 
 def outcome(compute: Callable[[], Any]) -> dict[str, Any]:
     """``{"value": ...}``, or ``{"error": ...}`` with the text of what Python raised
-    (a ``struct.error`` too: an ABI note cut short raises one)."""
+    (a ``struct.error`` too, which the reader must never leak: recorded, and then
+    compared with the Rust side's text like any other)."""
     try:
         return {"value": compute()}
     except (ValueError, struct.error) as exc:
