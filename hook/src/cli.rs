@@ -129,7 +129,9 @@ pub fn main_with(words: &[String]) -> i32 {
 }
 
 fn run(description: &crate::work::Description, deadline: Instant) -> Result<(), String> {
-    let state = read_stdin(STATE_LIMIT + 1).map_err(|e| format!("the OCI state on stdin: {}", sys::error_text(&e)))?;
+    // Read without a buffer (std's stdin reads ahead).
+    let state =
+        sys::read_up_to(0, STATE_LIMIT + 1).map_err(|e| format!("the OCI state on stdin: {}", sys::error_text(&e)))?;
     let state = json_object(&state, "the OCI state on stdin", STATE_LIMIT)?;
     let id = match state.get("id") {
         Some(Value::Str(id)) if !id.is_empty() => id.clone(),
@@ -149,21 +151,7 @@ fn run(description: &crate::work::Description, deadline: Instant) -> Result<(), 
     let who = format!("container {}", id);
     let work = start_work(description, &parsed, &who);
     perform_in_bundle(&rootfs, &work, deadline)
-        .map(|_| ())
         .map_err(|StepFailed { step, message }| format!("{}: {}: {}", who, step, message))
-}
-
-/// At most `limit` bytes of fd 0, read without a buffer (std's stdin reads ahead).
-fn read_stdin(limit: u64) -> std::io::Result<Vec<u8>> {
-    let mut data = Vec::new();
-    while (data.len() as u64) < limit {
-        let chunk = sys::read_some(0, std::cmp::min(64 << 10, limit as usize - data.len()))?;
-        if chunk.is_empty() {
-            break;
-        }
-        data.extend_from_slice(&chunk);
-    }
-    Ok(data)
 }
 
 fn read_config(bundle: &str) -> Result<Value, String> {

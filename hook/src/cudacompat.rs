@@ -23,10 +23,15 @@
 //! `library_key` says under which name glibc's `ldconfig` lists a library of
 //! the folder, so a merged cache lists what a rebuild would.
 //!
-//! The reasons are log lines users read: word for word Python's, including the
-//! text of Python's JSON and UTF-8 decoding errors (`pyjson` below).
+//! The reasons are word for word Python's, but for the words of a note's JSON
+//! error, which are `json`'s (the shape of Python's: "Expecting value: line 1
+//! column 1 (char 0)"), and the few notes `json` reads otherwise than Python's
+//! (a lone surrogate, a leading BOM, NaN and Infinity, an integer beyond i64:
+//! see its doc).
 
+use crate::bytes::py_slice;
 use crate::error::{cut, py_repr};
+use crate::json::{self, Value};
 
 pub const COMPAT_DIR: &str = "/usr/local/cuda/compat";
 pub const NOTE_SECTION: &str = ".note.cuda.fwd_compatibility";
@@ -35,12 +40,15 @@ pub const NOTE_OWNER: &str = "NVIDIA Corporation";
 pub const MAX_ENTRIES: usize = 256;
 const PREFIX: &str = "libcuda.so.";
 const MAX_NOTE_DRIVERS: usize = 64;
+/// How deep a note's JSON may nest: about where Python's `json` meets its
+/// recursion limit (a 4 KiB note could nest 2048 deep).
+const NOTE_DEPTH: usize = 1000;
 
 /// The parts of `.note.cuda.fwd_compatibility` the decision reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Note {
     pub cuda_version: String,
-    /// Driver branches as Python's `str(int)` writes them (JSON integers have no bound).
+    /// Driver branches in decimal, as the reasons list them.
     pub drivers: Vec<String>,
 }
 
@@ -75,31 +83,43 @@ pub fn version_fields(text: &str) -> Option<Vec<u128>> {
     Some(fields)
 }
 
-/// The one `libcuda.so.*.*` among `names` (the folder's entries), or None and
-/// why not ("" when there is none at all).
-pub fn candidate<S: AsRef<str>>(names: &[S]) -> (Option<String>, String) {
+/// What a compat folder holds of `libcuda.so.*.*` files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Candidate {
+    /// None at all: nothing to say.
+    None,
+    One(String),
+    /// Two or more: why none is used.
+    Many(String),
+}
+
+/// The one `libcuda.so.*.*` among `names` (the folder's entries), or why not.
+pub fn candidate<S: AsRef<str>>(names: &[S]) -> Candidate {
     let mut found: Vec<&str> = names
         .iter()
         .map(|n| n.as_ref())
         .filter(|n| n.strip_prefix(PREFIX).map_or(false, |rest| rest.contains('.')))
         .collect();
     found.sort_unstable();
-    match found.len() {
-        0 => (None, String::new()),
-        1 => (found.first().map(|n| n.to_string()), String::new()),
-        n => {
+    match found.as_slice() {
+        [] => Candidate::None,
+        [one] => Candidate::One(one.to_string()),
+        _ => {
+            let n = found.len();
             let shown = found.iter().take(4).copied().collect::<Vec<_>>().join(", ");
             let more = if n > 4 { ", ..." } else { "" };
-            let why =
-                format!("{} candidates in {} ({}{}): the driver's libraries are used", n, COMPAT_DIR, shown, more);
-            (None, why)
+            Candidate::Many(format!(
+                "{} candidates in {} ({}{}): the driver's libraries are used",
+                n, COMPAT_DIR, shown, more
+            ))
         }
     }
 }
 
 /// The note held by the section's bytes (`align`: its `sh_addralign`), as the
 /// toolkit reads it: None when it is empty or not NVIDIA's. An error (Python's
-/// `ValueError` text) for a note of NVIDIA's whose JSON is not what it must be.
+/// `ValueError` text, but for a JSON error's own words) for a note of NVIDIA's
+/// whose JSON is not what it must be.
 pub fn parse_note(section: &[u8], little_endian: bool, align: u64) -> Result<Option<Note>, String> {
     let word = |at: usize| -> u128 {
         let mut bytes = [0u8; 4];
@@ -115,44 +135,33 @@ pub fn parse_note(section: &[u8], little_endian: bool, align: u64) -> Result<Opt
     }
     let align = u128::from(align.max(1));
     let name_end = 12 + (namesz + align - 1) / align * align; // below 2^66: no overflow
-    if strip_nul(py_slice(section, 12, name_end)) != NOTE_OWNER.as_bytes() {
+    if strip_nul(py_slice(section, 12u8, name_end)) != NOTE_OWNER.as_bytes() {
         return Ok(None);
     }
     let desc = strip_nul(py_slice(section, name_end, name_end + descsz));
-    let text = std::str::from_utf8(desc).map_err(|e| not_json(&utf8_error_text(desc, &e)))?;
-    let data = pyjson::parse(text, 2).map_err(|e| not_json(&e.to_string()))?;
-    let members = match data {
-        pyjson::Value::Object(members) => members,
-        _ => return Err(format!("{}: not a JSON object", NOTE_SECTION)),
+    let data = json::parse(desc, NOTE_DEPTH).map_err(|e| format!("{}: not JSON ({})", NOTE_SECTION, e))?;
+    if data.as_object().is_none() {
+        return Err(format!("{}: not a JSON object", NOTE_SECTION));
+    }
+    let unexpected = || format!("{}: unexpected 'CUDA Version' or 'Driver'", NOTE_SECTION);
+    let cuda = match data.get("CUDA Version") {
+        None => "",
+        Some(Value::Str(cuda)) => cuda,
+        Some(_) => return Err(unexpected()),
     };
-    let get = |key: &str| members.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v); // the last one, as a dict
-    let empty_list = pyjson::Value::Array(Vec::new());
-    let empty_text = pyjson::Value::Str(String::new());
-    let (cuda, drivers) = match (get("CUDA Version").unwrap_or(&empty_text), get("Driver").unwrap_or(&empty_list)) {
-        (pyjson::Value::Str(cuda), pyjson::Value::Array(drivers)) if drivers.len() <= MAX_NOTE_DRIVERS => {
-            (cuda, drivers)
-        }
-        _ => return Err(format!("{}: unexpected 'CUDA Version' or 'Driver'", NOTE_SECTION)),
+    let drivers = match data.get("Driver") {
+        None => &[][..],
+        Some(Value::Array(drivers)) if drivers.len() <= MAX_NOTE_DRIVERS => drivers,
+        Some(_) => return Err(unexpected()),
     };
     let mut branches = Vec::new();
     for driver in drivers {
         match driver {
-            pyjson::Value::Int(text) => branches.push(text.clone()),
+            Value::Int(branch) => branches.push(branch.to_string()),
             _ => return Err(format!("{}: 'Driver' must list driver branches as numbers", NOTE_SECTION)),
         }
     }
     Ok(Some(Note { cuda_version: cut(cuda, 32).to_string(), drivers: branches }))
-}
-
-fn not_json(why: &str) -> String {
-    format!("{}: not JSON ({})", NOTE_SECTION, why)
-}
-
-/// Python's `buf[start:end]`.
-fn py_slice(buf: &[u8], start: u128, end: u128) -> &[u8] {
-    let len = buf.len() as u128;
-    let (start, end) = (start.min(len) as usize, end.min(len) as usize);
-    buf.get(start..end.max(start)).unwrap_or(&[])
 }
 
 /// Python's `raw.strip(b"\0")`.
@@ -160,23 +169,6 @@ fn strip_nul(raw: &[u8]) -> &[u8] {
     let start = raw.iter().position(|&b| b != 0).unwrap_or(raw.len());
     let end = raw.iter().rposition(|&b| b != 0).map_or(start, |at| at + 1);
     raw.get(start..end.max(start)).unwrap_or(&[])
-}
-
-/// Python's `str(UnicodeDecodeError)` for `raw.decode("utf-8")`: both decoders
-/// stop at the same maximal invalid part (Unicode's recommended practice).
-fn utf8_error_text(raw: &[u8], err: &std::str::Utf8Error) -> String {
-    let start = err.valid_up_to();
-    let first = raw.get(start).copied().unwrap_or(0);
-    let (end, reason) = match err.error_len() {
-        None => (raw.len(), "unexpected end of data"),
-        Some(1) if matches!(first, 0x80..=0xC1 | 0xF5..=0xFF) => (start + 1, "invalid start byte"),
-        Some(n) => (start + n, "invalid continuation byte"),
-    };
-    if end - start == 1 {
-        format!("'utf-8' codec can't decode byte 0x{:02x} in position {}: {}", first, start, reason)
-    } else {
-        format!("'utf-8' codec can't decode bytes in position {}-{}: {}", start, end - 1, reason)
-    }
 }
 
 /// Whether `library` (the one candidate's name) is used over the host driver
@@ -263,369 +255,54 @@ pub fn library_key(name: &str, soname: Option<&str>, is_link: bool) -> String {
     soname.to_string()
 }
 
-/// `json.loads` as CPython 3.11 does it (its C scanner), for a note's JSON: what
-/// it accepts and the words and positions of its errors ("Expecting ',' delimiter:
-/// line 1 column 5 (char 4)"). Positions count characters, as Python's do.
-///
-/// Iterative (no recursion whatever the nesting) and bounded by the text: values
-/// deeper than `keep` levels are checked but not kept (an empty container of
-/// their kind stands for them). Where Python differs: a string holding a lone
-/// surrogate escape (`"\ud800"`) keeps U+FFFD in its place; nesting past
-/// Python's recursion limit, a `RecursionError` there, parses here.
-pub(crate) mod pyjson {
-    use std::fmt;
-
-    #[derive(Clone, Debug, PartialEq)]
-    pub enum Value {
-        Null,
-        Bool(bool),
-        /// The digits as Python's `str(int(...))` writes them.
-        Int(String),
-        Float,
-        Str(String),
-        Array(Vec<Value>),
-        /// Members in order; a repeated key's last value is the one Python keeps.
-        Object(Vec<(String, Value)>),
-    }
-
-    /// Python's `JSONDecodeError`.
-    #[derive(Debug, PartialEq, Eq)]
-    pub struct Error {
-        pub message: &'static str,
-        pub pos: usize,
-        line: usize,
-        column: usize,
-    }
-
-    impl fmt::Display for Error {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            write!(f, "{}: line {} column {} (char {})", self.message, self.line, self.column, self.pos)
-        }
-    }
-
-    enum Frame {
-        Array { items: Vec<Value>, keep: bool },
-        Object { members: Vec<(String, Value)>, key: String, keep: bool },
-    }
-
-    struct Scanner {
-        text: Vec<char>,
-    }
-
-    type Scan<T> = Result<T, (&'static str, usize)>;
-
-    /// `json.loads(text)`.
-    pub fn parse(text: &str, keep: usize) -> Result<Value, Error> {
-        let scanner = Scanner { text: text.chars().collect() };
-        scanner.document(keep).map_err(|(message, pos)| scanner.error(message, pos))
-    }
-
-    impl Scanner {
-        fn error(&self, message: &'static str, pos: usize) -> Error {
-            let before = self.text.get(..pos).unwrap_or(&self.text);
-            let line = before.iter().filter(|&&c| c == '\n').count() + 1;
-            let column = match before.iter().rposition(|&c| c == '\n') {
-                Some(at) => pos - at,
-                None => pos + 1,
-            };
-            Error { message, pos, line, column }
-        }
-
-        fn at(&self, idx: usize) -> Option<char> {
-            self.text.get(idx).copied()
-        }
-
-        fn is(&self, idx: usize, c: char) -> bool {
-            self.at(idx) == Some(c)
-        }
-
-        fn skip_space(&self, mut idx: usize) -> usize {
-            while matches!(self.at(idx), Some(' ' | '\t' | '\n' | '\r')) {
-                idx += 1;
-            }
-            idx
-        }
-
-        fn matches(&self, idx: usize, word: &str) -> bool {
-            word.chars().enumerate().all(|(i, c)| self.is(idx + i, c))
-        }
-
-        fn document(&self, keep: usize) -> Scan<Value> {
-            if self.is(0, '\u{feff}') {
-                return Err(("Unexpected UTF-8 BOM (decode using utf-8-sig)", 0));
-            }
-            let (value, end) = self.value(self.skip_space(0), keep)?;
-            let end = self.skip_space(end);
-            if end != self.text.len() {
-                return Err(("Extra data", end));
-            }
-            Ok(value)
-        }
-
-        /// One JSON value at `idx` and the index after it (`scan_once`).
-        fn value(&self, mut idx: usize, keep: usize) -> Scan<(Value, usize)> {
-            let mut stack: Vec<Frame> = Vec::new();
-            loop {
-                // A term: a scalar, or the opening of a container (pushed).
-                let mut value = match self.at(idx) {
-                    None => return Err(("Expecting value", idx)),
-                    Some('"') => {
-                        let (text, next) = self.string(idx + 1)?;
-                        idx = next;
-                        Value::Str(text)
-                    }
-                    Some('{') => {
-                        idx = self.skip_space(idx + 1);
-                        if self.is(idx, '}') {
-                            idx += 1;
-                            Value::Object(Vec::new())
-                        } else {
-                            let (key, next) = self.key(idx)?;
-                            idx = next;
-                            stack.push(Frame::Object { members: Vec::new(), key, keep: stack.len() < keep });
-                            continue;
-                        }
-                    }
-                    Some('[') => {
-                        idx = self.skip_space(idx + 1);
-                        if self.is(idx, ']') {
-                            idx += 1;
-                            Value::Array(Vec::new())
-                        } else {
-                            stack.push(Frame::Array { items: Vec::new(), keep: stack.len() < keep });
-                            continue;
-                        }
-                    }
-                    Some('n') if self.matches(idx, "null") => {
-                        idx += 4;
-                        Value::Null
-                    }
-                    Some('t') if self.matches(idx, "true") => {
-                        idx += 4;
-                        Value::Bool(true)
-                    }
-                    Some('f') if self.matches(idx, "false") => {
-                        idx += 5;
-                        Value::Bool(false)
-                    }
-                    Some('N') if self.matches(idx, "NaN") => {
-                        idx += 3;
-                        Value::Float
-                    }
-                    Some('I') if self.matches(idx, "Infinity") => {
-                        idx += 8;
-                        Value::Float
-                    }
-                    Some('-') if self.matches(idx, "-Infinity") => {
-                        idx += 9;
-                        Value::Float
-                    }
-                    Some(_) => {
-                        let (number, next) = self.number(idx)?;
-                        idx = next;
-                        number
-                    }
-                };
-                // Hand the value to the containers it closes, up to one that
-                // wants another term.
-                loop {
-                    match stack.last_mut() {
-                        None => return Ok((value, idx)),
-                        Some(Frame::Array { items, keep }) => {
-                            if *keep {
-                                items.push(value);
-                            }
-                            idx = self.skip_space(idx);
-                            if self.is(idx, ']') {
-                                idx += 1;
-                                value = match stack.pop() {
-                                    Some(Frame::Array { items, .. }) => Value::Array(items),
-                                    _ => Value::Null, // never: the top was this array
-                                };
-                                continue;
-                            }
-                            if !self.is(idx, ',') {
-                                return Err(("Expecting ',' delimiter", idx));
-                            }
-                            idx = self.skip_space(idx + 1);
-                            break;
-                        }
-                        Some(Frame::Object { members, key, keep }) => {
-                            if *keep {
-                                members.push((std::mem::take(key), value));
-                            }
-                            idx = self.skip_space(idx);
-                            if self.is(idx, '}') {
-                                idx += 1;
-                                value = match stack.pop() {
-                                    Some(Frame::Object { members, .. }) => Value::Object(members),
-                                    _ => Value::Null, // never: the top was this object
-                                };
-                                continue;
-                            }
-                            if !self.is(idx, ',') {
-                                return Err(("Expecting ',' delimiter", idx));
-                            }
-                            let (next_key, next) = self.key(self.skip_space(idx + 1))?;
-                            *key = next_key;
-                            idx = next;
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-
-        /// A member's key and its `:` at `idx`: the index of its value.
-        fn key(&self, idx: usize) -> Scan<(String, usize)> {
-            if !self.is(idx, '"') {
-                return Err(("Expecting property name enclosed in double quotes", idx));
-            }
-            let (key, next) = self.string(idx + 1)?;
-            let idx = self.skip_space(next);
-            if !self.is(idx, ':') {
-                return Err(("Expecting ':' delimiter", idx));
-            }
-            Ok((key, self.skip_space(idx + 1)))
-        }
-
-        /// `_match_number_unicode`, its index arithmetic kept as it is.
-        fn number(&self, start: usize) -> Scan<(Value, usize)> {
-            let len = self.text.len();
-            let digit = |idx: usize| matches!(self.at(idx), Some('0'..='9'));
-            let mut idx = start;
-            if self.is(idx, '-') {
-                idx += 1;
-                if idx >= len {
-                    return Err(("Expecting value", start));
-                }
-            }
-            if matches!(self.at(idx), Some('1'..='9')) {
-                idx += 1;
-                while digit(idx) {
-                    idx += 1;
-                }
-            } else if self.is(idx, '0') {
-                idx += 1;
-            } else {
-                return Err(("Expecting value", start));
-            }
-            let mut is_float = false;
-            if idx + 1 < len && self.is(idx, '.') && digit(idx + 1) {
-                is_float = true;
-                idx += 2;
-                while digit(idx) {
-                    idx += 1;
-                }
-            }
-            if idx + 1 < len && matches!(self.at(idx), Some('e' | 'E')) {
-                let e_start = idx;
-                idx += 1;
-                if idx + 1 < len && matches!(self.at(idx), Some('-' | '+')) {
-                    idx += 1;
-                }
-                while digit(idx) {
-                    idx += 1;
-                }
-                if digit(idx - 1) {
-                    is_float = true;
-                } else {
-                    idx = e_start;
-                }
-            }
-            if is_float {
-                return Ok((Value::Float, idx));
-            }
-            let text: String = self.text.get(start..idx).unwrap_or(&[]).iter().collect();
-            Ok((Value::Int(if text == "-0" { "0".to_string() } else { text }), idx))
-        }
-
-        /// `scanstring_unicode`: the string whose first character is at `end` (after
-        /// its quote) and the index after its closing quote.
-        fn string(&self, mut end: usize) -> Scan<(String, usize)> {
-            let len = self.text.len();
-            let begin = end - 1;
-            let mut out = String::new();
-            loop {
-                let mut next = end;
-                while let Some(d) = self.at(next) {
-                    if d == '"' || d == '\\' {
-                        break;
-                    }
-                    if (d as u32) <= 0x1f {
-                        return Err(("Invalid control character at", next));
-                    }
-                    next += 1;
-                }
-                let c = match self.at(next) {
-                    Some(c) => c,
-                    None => return Err(("Unterminated string starting at", begin)),
-                };
-                out.extend(self.text.get(end..next).unwrap_or(&[]));
-                next += 1;
-                if c == '"' {
-                    return Ok((out, next));
-                }
-                if next == len {
-                    return Err(("Unterminated string starting at", begin));
-                }
-                let escaped = self.at(next).unwrap_or('\0');
-                if escaped != 'u' {
-                    end = next + 1;
-                    let plain = match escaped {
-                        '"' => '"',
-                        '\\' => '\\',
-                        '/' => '/',
-                        'b' => '\u{8}',
-                        'f' => '\u{c}',
-                        'n' => '\n',
-                        'r' => '\r',
-                        't' => '\t',
-                        _ => return Err(("Invalid \\escape", end - 2)),
-                    };
-                    out.push(plain);
-                    continue;
-                }
-                next += 1;
-                end = next + 4;
-                if end >= len {
-                    return Err(("Invalid \\uXXXX escape", next - 1));
-                }
-                let mut code = self.hex4(next).ok_or(("Invalid \\uXXXX escape", end - 5))?;
-                // A surrogate pair: the low half must follow at once.
-                if (0xD800..=0xDBFF).contains(&code) && end + 6 < len && self.is(end, '\\') && self.is(end + 1, 'u') {
-                    let low = self.hex4(end + 2).ok_or(("Invalid \\uXXXX escape", end + 1))?;
-                    if (0xDC00..=0xDFFF).contains(&low) {
-                        code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
-                        end += 6;
-                    }
-                }
-                out.push(char::from_u32(code).unwrap_or('\u{fffd}')); // a lone surrogate
-            }
-        }
-
-        fn hex4(&self, idx: usize) -> Option<u32> {
-            let mut code = 0;
-            for i in 0..4 {
-                code = (code << 4) | self.at(idx + i)?.to_digit(16)?;
-            }
-            Some(code)
-        }
-    }
-}
-
 /// The golden fixtures shared with the Python tests
 /// (`hook/tests/fixtures/compat/expected.json`, written by
 /// `tests/unit/engine/test_compat_rust_fixtures.py`), read as values to compare.
 #[cfg(test)]
 pub(crate) mod fixture {
-    use super::pyjson::Value;
+    use crate::json::Value;
 
     pub const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/compat");
+    /// An integer beyond i64, kept exact as a string after this prefix (`json`
+    /// would read it as a float).
+    const BIG: &str = "big integer ";
 
     pub fn load() -> Value {
-        let text = std::fs::read_to_string(format!("{}/expected.json", DIR)).expect("expected.json");
-        super::pyjson::parse(&text, usize::MAX).expect("expected.json is JSON")
+        parse(&std::fs::read_to_string(format!("{}/expected.json", DIR)).expect("expected.json"))
+    }
+
+    /// A fixture file's JSON text, its integers beyond i64 kept (`int` reads them).
+    pub fn parse(text: &str) -> Value {
+        let mut quoted = String::with_capacity(text.len());
+        let (mut in_string, mut escaped) = (false, false);
+        let mut chars = text.char_indices().peekable();
+        while let Some((at, c)) = chars.next() {
+            if in_string {
+                in_string = escaped || c != '"';
+                escaped = !escaped && c == '\\';
+                quoted.push(c);
+            } else if c == '-' || c.is_ascii_digit() {
+                let mut end = at + 1;
+                while let Some((next, d)) = chars.peek().copied() {
+                    if !(d.is_ascii_digit() || matches!(d, '.' | 'e' | 'E' | '+' | '-')) {
+                        break;
+                    }
+                    end = next + 1;
+                    chars.next();
+                }
+                let number = &text[at..end];
+                let integral = number.trim_start_matches('-').bytes().all(|b| b.is_ascii_digit());
+                if integral && number.parse::<i64>().is_err() {
+                    quoted.push_str(&format!("\"{}{}\"", BIG, number));
+                } else {
+                    quoted.push_str(number);
+                }
+            } else {
+                in_string = c == '"';
+                quoted.push(c);
+            }
+        }
+        crate::json::parse(quoted.as_bytes(), 64).expect("a fixture is JSON")
     }
 
     pub fn file(name: &str) -> Vec<u8> {
@@ -661,9 +338,11 @@ pub(crate) mod fixture {
         }
     }
 
-    pub fn int(value: &Value) -> &str {
+    /// An integer's digits, however big.
+    pub fn int(value: &Value) -> String {
         match value {
-            Value::Int(digits) => digits,
+            Value::Int(number) => number.to_string(),
+            Value::Str(text) if text.starts_with(BIG) => text[BIG.len()..].to_string(),
             _ => panic!("not an integer: {:?}", value),
         }
     }
@@ -687,8 +366,10 @@ pub(crate) mod fixture {
         Value::Str(text.to_string())
     }
 
+    /// An integer as `parse` reads it.
     pub fn number<N: ToString>(n: N) -> Value {
-        Value::Int(n.to_string())
+        let digits = n.to_string();
+        digits.parse().map(Value::Int).unwrap_or_else(|_| Value::Str(format!("{}{}", BIG, digits)))
     }
 
     pub fn object(members: Vec<(&str, Value)>) -> Value {
@@ -700,6 +381,19 @@ pub(crate) mod fixture {
         match result {
             Ok(value) => object(vec![("value", value)]),
             Err(err) => object(vec![("error", Value::Str(err.to_string()))]),
+        }
+    }
+
+    /// Whether a reason agrees with Python's: the same text, or both saying a
+    /// note is not JSON in the same sentence, the JSON error's own words aside.
+    pub fn reasons_agree(got: &str, want: &str) -> bool {
+        const NOT_JSON: &str = ".note.cuda.fwd_compatibility: not JSON (";
+        let after = |rest: &str| rest.rsplit_once(')').map(|(_, after)| after.to_string());
+        match (got.split_once(NOT_JSON), want.split_once(NOT_JSON)) {
+            (Some((before, rest)), Some((want_before, want_rest))) => {
+                before == want_before && after(rest) == after(want_rest)
+            }
+            _ => got == want,
         }
     }
 
@@ -746,10 +440,10 @@ mod tests {
 
     /// test_cudacompat.run: (use, reason).
     fn run(entries: &[&str], raw: Option<&[u8]>, host: &str, align: u64) -> (bool, String) {
-        let (name, why) = candidate(entries);
-        let name = match name {
-            None => return (false, why),
-            Some(name) => name,
+        let name = match candidate(entries) {
+            Candidate::One(name) => name,
+            Candidate::None => return (false, String::new()),
+            Candidate::Many(why) => return (false, why),
         };
         let parsed = match raw.map(|raw| parse_note(raw, true, align)) {
             None => None,
@@ -857,9 +551,9 @@ mod tests {
     fn the_doc_examples() {
         assert_eq!(
             candidate(&["libcuda.so.1", "libcuda.so.555.58.02"]),
-            (Some("libcuda.so.555.58.02".to_string()), String::new())
+            Candidate::One("libcuda.so.555.58.02".to_string())
         );
-        assert_eq!(candidate(&["libcuda.so.1"]), (None, String::new()));
+        assert_eq!(candidate(&["libcuda.so.1"]), Candidate::None);
         assert!(decide("libcuda.so.555.58.02", None, "550.163.01").r#use);
         assert_eq!(
             decide("libcuda.so.550.54.15", None, "550.163.01").reason,
@@ -881,45 +575,18 @@ mod tests {
     fn five_candidates_are_shown_as_four() {
         let names = ["libcuda.so.5.1", "libcuda.so.4.1", "libcuda.so.3.1", "libcuda.so.2.1", "libcuda.so.1.1"];
         assert_eq!(
-            candidate(&names).1,
-            "5 candidates in /usr/local/cuda/compat (libcuda.so.1.1, libcuda.so.2.1, libcuda.so.3.1, \
-             libcuda.so.4.1, ...): the driver's libraries are used"
-        );
-    }
-
-    #[test]
-    fn json_errors_are_pythons() {
-        let cases = [
-            ("", "Expecting value: line 1 column 1 (char 0)"),
-            ("[1,", "Expecting value: line 1 column 4 (char 3)"),
-            ("{\"a\" 1}", "Expecting ':' delimiter: line 1 column 6 (char 5)"),
-            ("{\"a\": 1,}", "Expecting property name enclosed in double quotes: line 1 column 9 (char 8)"),
-            ("[1 2]", "Expecting ',' delimiter: line 1 column 4 (char 3)"),
-            ("{}\n x", "Extra data: line 2 column 2 (char 4)"),
-            ("\"abc", "Unterminated string starting at: line 1 column 1 (char 0)"),
-            ("\"a\\x\"", "Invalid \\escape: line 1 column 3 (char 2)"),
-            ("\"\\u12G4\"", "Invalid \\uXXXX escape: line 1 column 3 (char 2)"),
-            ("\"a\u{1}\"", "Invalid control character at: line 1 column 3 (char 2)"),
-            ("\u{feff}{}", "Unexpected UTF-8 BOM (decode using utf-8-sig): line 1 column 1 (char 0)"),
-        ];
-        for (text, want) in cases {
-            assert_eq!(pyjson::parse(text, 8).unwrap_err().to_string(), want, "{:?}", text);
-        }
-    }
-
-    #[test]
-    fn deep_nesting_is_parsed_without_recursion() {
-        let text = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
-        assert_eq!(
-            pyjson::parse(&text, 2),
-            Ok(pyjson::Value::Array(vec![pyjson::Value::Array(vec![pyjson::Value::Array(vec![])])]))
+            candidate(&names),
+            Candidate::Many(
+                "5 candidates in /usr/local/cuda/compat (libcuda.so.1.1, libcuda.so.2.1, libcuda.so.3.1, \
+                 libcuda.so.4.1, ...): the driver's libraries are used"
+                    .to_string()
+            )
         );
     }
 
     // ------------------------------------------------------------ the fixtures shared with Python
 
-    use super::fixture::{self, find, flag, get, hex, int, list, members, text};
-    use super::pyjson::Value;
+    use super::fixture::{self, find, flag, get, hex, int, list, members, number, text};
 
     /// The note a note case describes (test_compat_rust_fixtures.spec_section).
     fn spec_section(spec: &Value) -> Vec<u8> {
@@ -945,17 +612,24 @@ mod tests {
         out
     }
 
-    fn note_fields(note: &Note) -> Vec<(&'static str, Value)> {
-        let drivers = note.drivers.iter().map(|d| Value::Int(d.clone())).collect();
-        vec![("cuda_version", Value::Str(note.cuda_version.clone())), ("drivers", Value::Array(drivers))]
-    }
+    /// The note cases `json` reads otherwise than Python's `json.loads` (each
+    /// named, with why), where the outcome differs; any other difference fails.
+    const KNOWN_DIFFERENCES: [(&str, &str); 6] = [
+        ("json-002", "a Driver past i64: json reads a float, refused; Python keeps the integer"),
+        ("json-011", "NaN and Infinity: not JSON for json; floats for Python, then refused as branches"),
+        ("json-018", "a lone surrogate escape: refused by json (no Rust string holds one); Python keeps it"),
+        ("json-019", "a lone surrogate escape before another escape: the same"),
+        ("json-020", "a low surrogate escape before a high one: the same"),
+        ("json-049", "a leading BOM: json skips it as json.loads(bytes) does; Python decodes first, then refuses it"),
+    ];
 
     #[test]
     fn note_sections_read_as_python_reads_them() {
         let golden = fixture::load();
         let cases = list(get(&golden, "notes"));
         assert!(cases.len() > 150);
-        check_note_cases(cases);
+        let known: Vec<&str> = KNOWN_DIFFERENCES.iter().map(|(name, _)| *name).collect();
+        assert_eq!(differing_note_cases(cases), known);
     }
 
     /// More note cases in the fixture's form, from a file (a differential run
@@ -964,26 +638,36 @@ mod tests {
     #[ignore]
     fn note_cases_from_a_file() {
         let path = std::env::var("NRI_GPU_NOTE_CASES").expect("NRI_GPU_NOTE_CASES");
-        let cases = pyjson::parse(&std::fs::read_to_string(path).unwrap(), usize::MAX).unwrap();
-        check_note_cases(list(&cases));
+        let cases = fixture::parse(&std::fs::read_to_string(path).unwrap());
+        assert_eq!(differing_note_cases(list(&cases)), Vec::<&str>::new());
         eprintln!("{} note cases agree", list(&cases).len());
     }
 
-    fn check_note_cases(cases: &[Value]) {
+    /// The names of the cases whose outcome is not Python's: another note, an
+    /// error where Python has none or the other way round, another error but
+    /// for the words of a JSON error.
+    fn differing_note_cases(cases: &[Value]) -> Vec<&str> {
+        let mut differing = Vec::new();
         for case in cases {
             let name = text(get(case, "name"));
             let align: u64 = int(get(case, "align")).parse().unwrap();
             let got = parse_note(&spec_section(case), flag(get(case, "little_endian")), align);
-            match got {
-                Err(err) => assert_eq!(find(case, "error").map(text), Some(err.as_str()), "{}", name),
-                Ok(None) => assert_eq!(find(case, "note"), Some(&Value::Null), "{}", name),
-                Ok(Some(note)) => {
-                    for (key, value) in note_fields(&note) {
-                        assert_eq!(find(case, key), Some(&value), "{}: {}", name, key);
-                    }
+            let agrees = match (&got, find(case, "error")) {
+                (Err(err), Some(want)) => fixture::reasons_agree(err, text(want)),
+                (Ok(None), None) => find(case, "note") == Some(&Value::Null),
+                (Ok(Some(note)), None) => {
+                    let drivers = Value::Array(note.drivers.iter().map(number).collect());
+                    find(case, "cuda_version").map(text) == Some(note.cuda_version.as_str())
+                        && find(case, "drivers") == Some(&drivers)
                 }
+                _ => false,
+            };
+            if !agrees {
+                eprintln!("{}: {:?}, Python: {:?}", name, got, case);
+                differing.push(name);
             }
         }
+        differing
     }
 
     #[test]
@@ -1017,13 +701,13 @@ mod tests {
         }
         for record in list(get(decisions, "candidate")) {
             let names: Vec<&str> = list(get(record, "names")).iter().map(text).collect();
-            let (name, why) = candidate(&names);
             let want = list(get(record, "result"));
-            let want_name = match &want[0] {
-                Value::Null => None,
-                name => Some(text(name).to_string()),
+            let want = match (&want[0], text(&want[1])) {
+                (Value::Null, "") => Candidate::None,
+                (Value::Null, why) => Candidate::Many(why.to_string()),
+                (name, _) => Candidate::One(text(name).to_string()),
             };
-            assert_eq!((name, why.as_str()), (want_name, text(&want[1])), "{:?}", names);
+            assert_eq!(candidate(&names), want, "{:?}", names);
         }
         for record in list(get(decisions, "version_fields")) {
             let got = version_fields(text(get(record, "text")));

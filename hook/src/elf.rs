@@ -16,6 +16,8 @@
 use std::fmt;
 use std::io;
 
+use crate::bytes::{py_slice, round_up};
+
 /// Program headers follow the 64-byte ELF header in every toolchain's output.
 pub const HEAD_SIZE: usize = 65536;
 
@@ -55,8 +57,7 @@ fn lib64_flags(machine: u16) -> Option<i32> {
 /// Why a file could not be read as the ELF file it must be.
 #[derive(Debug)]
 pub enum ElfError {
-    /// Its bytes are not what they must be (Python's `ValueError`, and the
-    /// `struct.error` of an ABI note cut short): the message is Python's.
+    /// Its bytes are not what they must be (Python's `ValueError`): the message is Python's.
     Invalid(String),
     /// A read failed (Python's `OSError`).
     Read(io::Error),
@@ -117,13 +118,6 @@ fn u64_at(buf: &[u8], at: u64, little: bool) -> u64 {
     field(buf, at, 8, little).unwrap_or(0)
 }
 
-/// Python's `buf[start:end]`: clamped to the buffer, empty when reversed.
-fn py_slice(buf: &[u8], start: u128, end: u128) -> &[u8] {
-    let len = buf.len() as u128;
-    let (start, end) = (start.min(len) as usize, end.min(len) as usize);
-    buf.get(start..end.max(start)).unwrap_or(&[])
-}
-
 /// The bytes before the first NUL.
 fn until_nul(raw: &[u8]) -> &[u8] {
     match raw.iter().position(|&b| b == 0) {
@@ -138,11 +132,6 @@ fn read_at(read: Read, offset: u128, size: usize) -> Result<Vec<u8>> {
         Ok(offset) => Ok(read(offset, size)?),
         Err(_) => Ok(Vec::new()),
     }
-}
-
-fn round_up(value: u64, align: u64) -> u64 {
-    // value < 2^32 and align <= 8 here: no overflow.
-    (value + align - 1) / align * align
 }
 
 // ------------------------------------------------------------------ interpreter
@@ -185,7 +174,7 @@ pub fn interpreter(head: &[u8]) -> Result<Option<String>> {
             (u64::from(u32_at(head, at + 4, little)), u64::from(u32_at(head, at + 16, little)))
         };
         let end = u128::from(offset) + u128::from(size);
-        let raw: &[u8] = if end <= head.len() as u128 { py_slice(head, offset.into(), end) } else { b"?" };
+        let raw: &[u8] = if end <= head.len() as u128 { py_slice(head, offset, end) } else { b"?" };
         let path = String::from_utf8_lossy(until_nul(raw)).into_owned();
         return Ok(Some(if path.is_empty() { "?".to_string() } else { path }));
     }
@@ -202,9 +191,9 @@ pub struct SharedLibrary {
     pub soname: Option<String>,
     /// ldconfig's flags word: 0x0303 for x86-64.
     pub flags: i32,
-    /// From the `.note.ABI-tag` note (0 without one); as Python computes it,
-    /// wider than glibc's 32 bits for an OS field over 255.
-    pub osversion: u64,
+    /// From the `.note.ABI-tag` note (0 without one), in 32 bits as ldconfig
+    /// computes it (an OS field over 255 keeps its low byte).
+    pub osversion: u32,
 }
 
 /// A `SHT_NOTE` section's bytes, the file's byte order and the section's alignment.
@@ -300,17 +289,43 @@ fn segments(read: Read, head: &Head) -> Result<Vec<Segment>> {
         .collect())
 }
 
-/// The soname, flags and ABI note of the 64-bit ELF shared library `read`
-/// reads; None for one of another kind (not `ET_DYN`, an ABI ldconfig has no
-/// 64-bit flags for here). An error for a file that is no ELF or whose headers
-/// point outside it or past the limits.
+/// A 64-bit ELF file: its header, read once, and the reader of the rest.
+pub struct Elf<'a> {
+    read: Read<'a>,
+    head: Head,
+}
+
+/// `Elf::open(read)?.shared_library()`.
 pub fn shared_library(read: Read) -> Result<Option<SharedLibrary>> {
-    let head = head(read)?;
+    Elf::open(read)?.shared_library()
+}
+
+impl<'a> Elf<'a> {
+    /// The file `read` reads; an error unless it starts with a 64-bit ELF header.
+    pub fn open(read: Read<'a>) -> Result<Elf<'a>> {
+        Ok(Elf { read, head: head(read)? })
+    }
+
+    /// The soname, flags and ABI note of this shared library; None for one of
+    /// another kind (not `ET_DYN`, an ABI ldconfig has no 64-bit flags for here).
+    /// An error for headers that point outside the file or past the limits.
+    pub fn shared_library(&self) -> Result<Option<SharedLibrary>> {
+        shared_library_of(self.read, &self.head)
+    }
+
+    /// The `SHT_NOTE` section called `name`; None when there is none. An error
+    /// for headers out of bounds, a note over 4 KiB.
+    pub fn note_section(&self, name: &str) -> Result<Option<NoteSection>> {
+        note_section_of(self.read, &self.head, name)
+    }
+}
+
+fn shared_library_of(read: Read, head: &Head) -> Result<Option<SharedLibrary>> {
     let flags = match lib64_flags(head.machine) {
         Some(flags) if head.e_type == ET_DYN => flags,
         _ => return Ok(None),
     };
-    let segments = segments(read, &head)?;
+    let segments = segments(read, head)?;
     let mut soname = None;
     let mut osversion = 0;
     for segment in &segments {
@@ -361,8 +376,10 @@ fn soname(read: Read, little: bool, dynamic: &[u8], segments: &[Segment]) -> Res
     invalid("DT_STRTAB: outside the file's loaded segments")
 }
 
-/// glibc's `osversion` from a `GNU` `NT_GNU_ABI_TAG` note among `notes`.
-fn abi_tag(little: bool, notes: &[u8], align: u64) -> Result<Option<u64>> {
+/// glibc's `osversion` from a `GNU` `NT_GNU_ABI_TAG` note among `notes`, in 32
+/// bits as ldconfig computes it; an error for a tag whose descriptor runs past
+/// the notes.
+fn abi_tag(little: bool, notes: &[u8], align: u64) -> Result<Option<u32>> {
     let len = notes.len() as u64;
     let mut pos: u64 = 0; // below 2^17 + 2^34 throughout: no overflow
     while pos + 12 <= len {
@@ -371,31 +388,20 @@ fn abi_tag(little: bool, notes: &[u8], align: u64) -> Result<Option<u64>> {
         let n_type = u32_at(notes, pos + 8, little);
         let name_at = pos + 12;
         let desc_at = name_at + round_up(namesz, 4);
-        let name = py_slice(notes, name_at.into(), u128::from(name_at) + u128::from(namesz));
+        let name = py_slice(notes, name_at, name_at + namesz);
         if n_type == NT_GNU_ABI_TAG && name == b"GNU\0" && descsz >= 16 {
             if desc_at + 16 > len {
-                // Python's struct.unpack_from says so.
-                return invalid(format!(
-                    "unpack_from requires a buffer of at least {} bytes for unpacking 16 bytes at offset {} \
-                     (actual buffer size is {})",
-                    desc_at + 16,
-                    desc_at,
-                    len
-                ));
+                return invalid("an ABI tag note cut short");
             }
-            let word = |i: u64| u64::from(u32_at(notes, desc_at + 4 * i, little));
-            let (os, major, minor, sub) = (word(0), word(1), word(2), word(3));
-            return Ok(Some((os << 24) | ((major & 0xFF) << 16) | ((minor & 0xFF) << 8) | (sub & 0xFF)));
+            let byte = |i: u64| u32_at(notes, desc_at + 4 * i, little) & 0xFF;
+            return Ok(Some((byte(0) << 24) | (byte(1) << 16) | (byte(2) << 8) | byte(3)));
         }
         pos = desc_at + round_up(descsz, align);
     }
     Ok(None)
 }
 
-/// The `SHT_NOTE` section called `name`; None when there is none. An error for
-/// no ELF file, headers out of bounds, a note over 4 KiB.
-pub fn note_section(read: Read, name: &str) -> Result<Option<NoteSection>> {
-    let head = head(read)?;
+fn note_section_of(read: Read, head: &Head, name: &str) -> Result<Option<NoteSection>> {
     let little = head.little;
     if head.shnum > MAX_SECTIONS {
         return invalid(format!("{} sections: over {}", head.shnum, MAX_SECTIONS));
@@ -517,11 +523,7 @@ pub(crate) mod tests {
         }
         notes.extend_from_slice(b"GNU\0\0\0\0\0\0\0\0\0");
         let err = abi_tag(true, &notes, 4).unwrap_err().to_string();
-        assert_eq!(
-            err,
-            "unpack_from requires a buffer of at least 32 bytes for unpacking 16 bytes at offset 16 \
-             (actual buffer size is 24)"
-        );
+        assert_eq!(err, "an ABI tag note cut short");
     }
 
     #[test]
@@ -541,16 +543,16 @@ pub(crate) mod tests {
                 data[at] = value;
                 let read = reader(&data);
                 let _ = shared_library(&read);
-                let _ = note_section(&read, ".note.cuda.fwd_compatibility");
+                let _ = Elf::open(&read).and_then(|elf| elf.note_section(".note.cuda.fwd_compatibility"));
                 let _ = interpreter(&data);
             }
         }
     }
 
     /// What test_compat_rust_fixtures.elf_record says of a file, said here.
-    fn record(data: &[u8]) -> crate::cudacompat::pyjson::Value {
+    fn record(data: &[u8]) -> crate::json::Value {
         use crate::cudacompat::fixture::{number, object, outcome, string, to_hex};
-        use crate::cudacompat::pyjson::Value;
+        use crate::json::Value;
         let read = reader(data);
         let head = &data[..data.len().min(HEAD_SIZE)];
         let text_or_null = |text: Option<String>| text.map_or(Value::Null, Value::Str);
@@ -568,7 +570,7 @@ pub(crate) mod tests {
                 })),
             ),
         ];
-        match note_section(&read, crate::cudacompat::NOTE_SECTION) {
+        match Elf::open(&read).and_then(|elf| elf.note_section(crate::cudacompat::NOTE_SECTION)) {
             Err(err) => members.push(("note_section", outcome::<ElfError>(Err(err)))),
             Ok(None) => members.push(("note_section", outcome::<ElfError>(Ok(Value::Null)))),
             Ok(Some(found)) => {
@@ -583,7 +585,7 @@ pub(crate) mod tests {
                     None => Value::Null,
                     Some(note) => object(vec![
                         ("cuda_version", Value::Str(note.cuda_version)),
-                        ("drivers", Value::Array(note.drivers.into_iter().map(Value::Int).collect())),
+                        ("drivers", Value::Array(note.drivers.iter().map(number).collect())),
                     ]),
                 });
                 members.push(("note", outcome(note)));
@@ -610,7 +612,7 @@ pub(crate) mod tests {
     fn elf_cases_from_a_file() {
         use crate::cudacompat::fixture::{get, hex, list, sorted, text};
         let path = std::env::var("NRI_GPU_ELF_CASES").expect("NRI_GPU_ELF_CASES");
-        let cases = crate::cudacompat::pyjson::parse(&std::fs::read_to_string(path).unwrap(), usize::MAX).unwrap();
+        let cases = crate::cudacompat::fixture::parse(&std::fs::read_to_string(path).unwrap());
         for case in list(&cases) {
             let got = record(&hex(text(get(case, "data"))));
             assert_eq!(sorted(&got), sorted(get(case, "record")), "{}", text(get(case, "name")));

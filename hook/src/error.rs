@@ -1,5 +1,7 @@
 //! The hook's one error: a step cannot be done, and the message says why,
-//! naming the path or value at fault (as `engine.start.work.WorkError`).
+//! naming the path or value at fault (as `engine.start.work.WorkError`); and
+//! the Python string behaviour messages and parsers keep (`repr`, slicing by
+//! characters, `isspace`).
 
 use std::fmt;
 
@@ -50,6 +52,12 @@ pub fn cut(value: &str, n: usize) -> &str {
         Some((at, _)) => &value[..at],
         None => value,
     }
+}
+
+/// Python's `str.isspace`: Unicode's White_Space and the ASCII separators
+/// U+001C..U+001F.
+pub fn py_isspace(c: char) -> bool {
+    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
 }
 
 #[cfg(test)]

@@ -36,6 +36,7 @@ use std::fmt;
 use std::rc::Rc;
 use std::time::Instant;
 
+use crate::bytes::{py_slice, round_up};
 use crate::model::LdCacheEntry;
 
 pub const OLD_MAGIC: &[u8] = b"ld.so-1.7.0";
@@ -94,10 +95,6 @@ impl CacheError {
         match self {
             CacheError::Limit(message) | CacheError::Garbled(message) => message,
         }
-    }
-
-    pub fn is_limit(&self) -> bool {
-        matches!(self, CacheError::Limit(_))
     }
 }
 
@@ -178,18 +175,6 @@ impl CacheEntry {
         }
     }
 
-    /// As the model holds it; bytes that are not UTF-8 are replaced.
-    pub fn to_model(&self) -> LdCacheEntry {
-        LdCacheEntry {
-            name: self.name.to_string_lossy(),
-            path: self.path.to_string_lossy(),
-            flags: self.flags,
-            is_64bit: self.is_64bit,
-            hwcap: self.hwcap,
-            osversion: self.osversion,
-        }
-    }
-
     /// Whether it lives in a `glibc-hwcaps` subdirectory.
     pub fn is_hwcaps(&self) -> bool {
         is_hwcaps_entry(self.hwcap)
@@ -260,6 +245,24 @@ struct Row {
     hwcap: u64,
 }
 
+/// The `nlibs` entries of `size` bytes from `start`: the old format's (12 bytes)
+/// have no osversion or hwcap.
+fn rows(data: &[u8], start: u64, nlibs: u64, size: u64) -> Vec<Row> {
+    let new = size == NEW_ENTRY_SIZE;
+    (0..nlibs)
+        .map(|i| {
+            let at = start + i * size;
+            Row {
+                flags: u32_at(data, at) as i32,
+                key: u32_at(data, at + 4),
+                value: u32_at(data, at + 8),
+                osversion: if new { u32_at(data, at + 12) } else { 0 },
+                hwcap: if new { u64_at(data, at + 16) } else { 0 },
+            }
+        })
+        .collect()
+}
+
 fn parse_old_or_compat(buf: &Rc<[u8]>, deadline: Option<Instant>) -> CacheResult<LdCache> {
     let data: &[u8] = buf;
     let size = data.len() as u64;
@@ -272,24 +275,13 @@ fn parse_old_or_compat(buf: &Rc<[u8]>, deadline: Option<Instant>) -> CacheResult
     let nlibs = u64::from(u32_at(data, 12));
     let entries_end = entries_end(size, "old-format", 12, OLD_HEADER_SIZE, nlibs, OLD_ENTRY_SIZE)?;
     let new_start = round_up(entries_end, NEW_ALIGN);
-    let magic = slice(data, new_start, new_start + NEW_MAGIC.len() as u64);
-    let version = slice(data, new_start + NEW_MAGIC.len() as u64, new_start + 20);
+    let magic = py_slice(data, new_start, new_start + NEW_MAGIC.len() as u64);
+    let version = py_slice(data, new_start + NEW_MAGIC.len() as u64, new_start + 20);
     if size >= new_start + NEW_HEADER_SIZE && magic == NEW_MAGIC && version == NEW_VERSION {
         return parse_new(buf, new_start, deadline); // compat: glibc reads the new part
     }
     check_count(nlibs, "old-format", 12)?; // before anything is unpacked
-    let rows = (0..nlibs)
-        .map(|i| {
-            let at = OLD_HEADER_SIZE + i * OLD_ENTRY_SIZE;
-            Row {
-                flags: u32_at(data, at) as i32,
-                key: u32_at(data, at + 4),
-                value: u32_at(data, at + 8),
-                osversion: 0,
-                hwcap: 0,
-            }
-        })
-        .collect::<Vec<Row>>();
+    let rows = rows(data, OLD_HEADER_SIZE, nlibs, OLD_ENTRY_SIZE);
     let entries = build_entries(buf, entries_end, entries_end, size, &rows, deadline)?;
     Ok(LdCache { entries, hwcaps: Vec::new() })
 }
@@ -314,7 +306,7 @@ fn parse_new(buf: &Rc<[u8]>, base: u64, deadline: Option<Instant>) -> CacheResul
             base, NEW_HEADER_SIZE, left
         ));
     }
-    let version = slice(data, base + 17, base + 20);
+    let version = py_slice(data, base + 17, base + 20);
     if version != NEW_VERSION {
         return garbled(format!(
             "unsupported ld.so.cache version {} at offset {}, expected {}",
@@ -325,7 +317,7 @@ fn parse_new(buf: &Rc<[u8]>, base: u64, deadline: Option<Instant>) -> CacheResul
     }
     let nlibs = u64::from(u32_at(data, base + 20));
     let len_strings = u64::from(u32_at(data, base + 24));
-    let flags = slice(data, base + 28, base + 29).first().copied().unwrap_or(0);
+    let flags = py_slice(data, base + 28, base + 29).first().copied().unwrap_or(0);
     let extension = u64::from(u32_at(data, base + 32));
     match flags & ENDIAN_MASK {
         ENDIAN_BIG => {
@@ -358,18 +350,7 @@ fn parse_new(buf: &Rc<[u8]>, base: u64, deadline: Option<Instant>) -> CacheResul
             size
         ));
     }
-    let rows = (0..nlibs)
-        .map(|i| {
-            let at = entries_start + i * NEW_ENTRY_SIZE;
-            Row {
-                flags: u32_at(data, at) as i32,
-                key: u32_at(data, at + 4),
-                value: u32_at(data, at + 8),
-                osversion: u32_at(data, at + 12),
-                hwcap: u64_at(data, at + 16),
-            }
-        })
-        .collect::<Vec<Row>>();
+    let rows = rows(data, entries_start, nlibs, NEW_ENTRY_SIZE);
     let entries = build_entries(buf, base, entries_end, strings_end, &rows, deadline)?;
     let hwcaps = if extension != 0 { hwcaps_names(buf, base, extension, deadline)? } else { Vec::new() };
     Ok(LdCache { entries, hwcaps })
@@ -408,7 +389,7 @@ fn build_entries(
     deadline: Option<Instant>,
 ) -> CacheResult<Vec<CacheEntry>> {
     let data: &[u8] = buf;
-    let table = slice(data, start, end);
+    let table = py_slice(data, start, end);
     let first = start - base; // the table's offset, counted as the entries' offsets are
     let budget = DECODE_FACTOR * data.len() as u64 + 65536;
     let keys = rows.iter().map(|r| r.key).collect::<Vec<u32>>();
@@ -573,7 +554,7 @@ fn hwcaps_names(buf: &Rc<[u8]>, base: u64, offset: u64, deadline: Option<Instant
     if magic != EXTENSION_MAGIC || offset + EXTENSION_SIZE + count * SECTION_SIZE > size {
         return Ok(Vec::new());
     }
-    let strings = slice(data, base, size);
+    let strings = py_slice(data, base, size);
     let budget = DECODE_FACTOR * size + 65536;
     let mut names = Vec::new();
     for i in 0..count {
@@ -850,24 +831,13 @@ impl<'a> StringTable<'a> {
 
 // --------------------------------------------------------------------------- bytes
 
-/// `data[from..to]`, clipped to the data (Python's slice semantics).
-fn slice(data: &[u8], from: u64, to: u64) -> &[u8] {
-    let len = data.len() as u64;
-    let (from, to) = (from.min(len) as usize, to.min(len) as usize);
-    data.get(from..to.max(from)).unwrap_or(&[])
-}
-
 /// The little-endian u32 at `at`, 0 past the end (callers checked the size first).
 fn u32_at(data: &[u8], at: u64) -> u32 {
-    <[u8; 4]>::try_from(slice(data, at, at + 4)).map(u32::from_le_bytes).unwrap_or(0)
+    <[u8; 4]>::try_from(py_slice(data, at, at + 4)).map(u32::from_le_bytes).unwrap_or(0)
 }
 
 fn u64_at(data: &[u8], at: u64) -> u64 {
-    <[u8; 8]>::try_from(slice(data, at, at + 8)).map(u64::from_le_bytes).unwrap_or(0)
-}
-
-fn round_up(value: u64, to: u64) -> u64 {
-    (value + to - 1) / to * to
+    <[u8; 8]>::try_from(py_slice(data, at, at + 8)).map(u64::from_le_bytes).unwrap_or(0)
 }
 
 /// An offset already checked against the file's size (at most `MAX_CACHE_SIZE`).
@@ -1181,7 +1151,7 @@ pub(crate) mod tests {
         let mut data = header(MAX_ENTRIES as u32 + 1, 0);
         data.resize(48 + 24 * (MAX_ENTRIES as usize + 1), 0);
         let err = read_ld_so_cache(&data, None).unwrap_err();
-        assert!(err.is_limit(), "{:?}", err);
+        assert!(matches!(err, CacheError::Limit(_)), "{:?}", err);
         // At the limit itself: read (and garbled, its offsets being 0).
         let mut data = header(MAX_ENTRIES as u32, 1);
         data.resize(48 + 24 * MAX_ENTRIES as usize, 0);

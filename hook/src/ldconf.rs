@@ -1,6 +1,6 @@
 //! The loader configuration and cache in the container, merge mode
 //! (`engine/start/ldconfig.py`; its rebuild mode, which runs the trusted
-//! ldconfig, stays in Python).
+//! ldconfig, is `ldrebuild`).
 //!
 //! The injected libraries live in folders the image's cache may not list, so
 //! `/etc/ld.so.conf.d/00-nri-gpu.conf` names them (a later `ldconfig` inside the
@@ -134,7 +134,8 @@ pub fn merged_cache(
     ldcache::encode(&merged, ldcache::GENERATOR, deadline)
 }
 
-fn install(root: &RootDir, cache: &[u8]) -> Result<()> {
+/// Install `cache` as the root's `/etc/ld.so.cache` (`write_atomically`).
+pub(crate) fn install(root: &RootDir, cache: &[u8]) -> Result<()> {
     let (parent, name) = rootdir::split(CACHE)?;
     let etc = root.makedirs(parent, 0o755, WRITE)?;
     rootdir::write_atomically(etc.as_raw_fd(), name, cache, 0o644, CACHE)
@@ -144,49 +145,9 @@ fn install(root: &RootDir, cache: &[u8]) -> Result<()> {
 mod tests {
     use super::*;
     use crate::ldcache::tests::{fixture, fnv, manifest};
+    use crate::testroot::TestRoot;
     use std::fs;
-    use std::path::{Path, PathBuf};
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// A directory of its own under the system's temporary folder, removed on drop.
-    struct TempRoot {
-        path: PathBuf,
-    }
-
-    impl TempRoot {
-        fn new() -> TempRoot {
-            static COUNT: AtomicUsize = AtomicUsize::new(0);
-            let n = COUNT.fetch_add(1, Ordering::SeqCst);
-            let path = std::env::temp_dir().join(format!("nri-gpu-ldconf-{}-{}", std::process::id(), n));
-            let _ = fs::remove_dir_all(&path);
-            fs::create_dir_all(&path).unwrap();
-            TempRoot { path }
-        }
-
-        fn root(&self) -> RootDir {
-            RootDir::open_path(self.path.to_str().unwrap()).unwrap()
-        }
-
-        fn file(&self, path: &str) -> PathBuf {
-            self.path.join(path.trim_start_matches('/'))
-        }
-
-        fn write(&self, path: &str, data: &[u8]) {
-            let file = self.file(path);
-            fs::create_dir_all(file.parent().unwrap()).unwrap();
-            fs::write(file, data).unwrap();
-        }
-
-        fn read(&self, path: &str) -> Option<Vec<u8>> {
-            fs::read(self.file(path)).ok()
-        }
-    }
-
-    impl Drop for TempRoot {
-        fn drop(&mut self) {
-            let _ = fs::remove_dir_all(&self.path);
-        }
-    }
+    use std::path::Path;
 
     /// What the manifest's `merge` line says of a result: `written|unchanged`,
     /// then `file NAME` (compared with that file) or `digest LENGTH FNV`.
@@ -209,7 +170,7 @@ mod tests {
         for case in &manifest.cases {
             let ours = &manifest.ours[&case.ours];
             let data = case.data();
-            let dir = TempRoot::new();
+            let dir = TestRoot::new();
             if let Some(data) = &data {
                 dir.write(CACHE, data);
             }
@@ -229,7 +190,7 @@ mod tests {
 
     #[test]
     fn a_second_merge_writes_nothing() {
-        let dir = TempRoot::new();
+        let dir = TestRoot::new();
         dir.write(CACHE, &fixture("host-debian12.cache"));
         let ours = manifest().ours.remove("driver").unwrap();
         assert!(merge(&dir.root(), &ours, None).unwrap());
@@ -240,28 +201,28 @@ mod tests {
 
     #[test]
     fn a_cache_behind_a_link_is_read_and_the_link_replaced() {
-        let dir = TempRoot::new();
+        let dir = TestRoot::new();
         dir.write("/data/cache", &fixture("real-new.cache"));
-        fs::create_dir_all(dir.file("/etc")).unwrap();
-        std::os::unix::fs::symlink("/data/cache", dir.file(CACHE)).unwrap(); // absolute: inside the root
+        fs::create_dir_all(dir.at("/etc")).unwrap();
+        std::os::unix::fs::symlink("/data/cache", dir.at(CACHE)).unwrap(); // absolute: inside the root
         let ours = manifest().ours.remove("driver").unwrap();
         assert!(merge(&dir.root(), &ours, None).unwrap());
-        assert!(!fs::symlink_metadata(dir.file(CACHE)).unwrap().file_type().is_symlink());
+        assert!(!fs::symlink_metadata(dir.at(CACHE)).unwrap().file_type().is_symlink());
         assert!(dir.read(CACHE).unwrap() == fixture("real-new.merged"));
         assert!(dir.read("/data/cache").unwrap() == fixture("real-new.cache"));
     }
 
     #[test]
     fn a_cache_that_is_no_regular_file_counts_as_absent() {
-        let dir = TempRoot::new();
-        fs::create_dir_all(dir.file(CACHE)).unwrap();
+        let dir = TestRoot::new();
+        fs::create_dir_all(dir.at(CACHE)).unwrap();
         let err = merge(&dir.root(), &[], None).unwrap_err();
         assert_eq!(err.0, "/etc/ld.so.cache: Is a directory"); // read as absent, then replacing it fails
     }
 
     #[test]
     fn the_conf_files_are_written_once() {
-        let dir = TempRoot::new();
+        let dir = TestRoot::new();
         let folders = vec!["/usr/lib/x86_64-linux-gnu".to_string(), "/usr/lib/i386-linux-gnu".to_string()];
         assert!(write_conf(&dir.root(), &folders).unwrap());
         assert_eq!(dir.read(MAIN_CONF).unwrap(), MAIN_CONF_TEXT);
@@ -273,7 +234,7 @@ mod tests {
         );
         assert!(!write_conf(&dir.root(), &folders).unwrap());
         // The image's own ld.so.conf is left as it is.
-        let other = TempRoot::new();
+        let other = TestRoot::new();
         other.write(MAIN_CONF, b"/opt/lib\n");
         assert!(write_conf(&other.root(), &[]).unwrap());
         assert_eq!(other.read(MAIN_CONF).unwrap(), b"/opt/lib\n");
@@ -281,7 +242,7 @@ mod tests {
 
     #[test]
     fn the_compat_conf_is_written_and_removed_only_when_ours() {
-        let dir = TempRoot::new();
+        let dir = TestRoot::new();
         assert!(!write_compat_conf(&dir.root(), None).unwrap()); // no folder: nothing to remove
         assert!(write_compat_conf(&dir.root(), Some("/usr/local/cuda/compat")).unwrap());
         assert_eq!(
@@ -296,6 +257,6 @@ mod tests {
         assert!(!write_compat_conf(&dir.root(), None).unwrap());
         dir.write(COMPAT_CONF, b"/the/image/own\n");
         assert!(!write_compat_conf(&dir.root(), None).unwrap());
-        assert!(Path::new(&dir.file(COMPAT_CONF)).exists());
+        assert!(Path::new(&dir.at(COMPAT_CONF)).exists());
     }
 }

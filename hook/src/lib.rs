@@ -8,9 +8,9 @@
 //! Python engine stays the reference: this crate ports its start work step by
 //! step, with the same bounds and messages, and the tests hold the two to the
 //! same results.
-#![allow(dead_code)]
 
 pub mod appprofile;
+pub mod bytes;
 pub mod cli;
 pub mod compat;
 pub mod cudacompat;
@@ -29,3 +29,6 @@ pub mod rootdir;
 pub mod start;
 pub mod sys;
 pub mod work;
+
+#[cfg(test)]
+mod testroot;

@@ -9,7 +9,7 @@
 //! stale link, never following one). A link that already points where it should
 //! is left as it is, so a second run changes nothing.
 
-use std::collections::BTreeMap;
+use std::collections::btree_map::{BTreeMap, Entry};
 use std::io;
 use std::os::unix::io::{AsRawFd, OwnedFd, RawFd};
 
@@ -24,10 +24,10 @@ pub fn create(root: &RootDir, links: &[Symlink]) -> Result<usize> {
     let mut made = 0;
     for link in links {
         let (parent, name) = split(&link.path)?;
-        if !parents.contains_key(parent) {
-            parents.insert(parent, root.makedirs(parent, 0o755, WRITE)?);
-        }
-        let dirfd = parents[parent].as_raw_fd();
+        let dirfd = match parents.entry(parent) {
+            Entry::Occupied(found) => found.get().as_raw_fd(),
+            Entry::Vacant(slot) => slot.insert(root.makedirs(parent, 0o755, WRITE)?).as_raw_fd(),
+        };
         match place(dirfd, name, link) {
             Ok(true) => made += 1,
             Ok(false) => {}

@@ -22,7 +22,7 @@
 
 use std::os::unix::io::{AsRawFd, OwnedFd, RawFd};
 
-use crate::error::{cut, py_repr, Result, WorkError};
+use crate::error::{cut, py_isspace, py_repr, Result, WorkError};
 use crate::rootdir::{fail, is_errno, read_regular, RootDir};
 use crate::sys;
 
@@ -61,14 +61,6 @@ pub struct Source {
 /// Detached clones by name (bus id, capability path), in the order taken.
 pub type Clones = Vec<(String, OwnedFd)>;
 
-impl Source {
-    pub fn close(&mut self) {
-        self.gpus.clear();
-        self.caps.clear();
-        self.caps_all = None;
-    }
-}
-
 /// Read and clone what the view needs from the directory fd `tree` (a driver's
 /// `/proc/driver/nvidia`). Called in the namespace `tree` belongs to: a clone of a
 /// mount of another namespace is refused by the kernel. `caps`: the capability
@@ -87,7 +79,7 @@ pub fn take(tree: RawFd, bus_ids: &[String], caps: &[String], caps_all: bool) ->
 /// point made in the view: only the names `StartWork.__post_init__` lets through.
 fn check_names(bus_ids: &[String], caps: &[String]) -> Result<()> {
     for bus in bus_ids {
-        if bus.is_empty() || bus.contains('/') || bus == "." || bus == ".." || bus.contains('\0') {
+        if !is_bus_id(bus) {
             return Err(WorkError(format!("bad bus id {}", py_repr(bus))));
         }
     }
@@ -125,7 +117,7 @@ pub fn source_for(proc_source: Option<&str>) -> ProcSource {
 }
 
 /// A host directory's strategy with its source already taken, as `take_outside`
-/// leaves it (for a caller that took the source itself, and for tests).
+/// leaves it: for the tests, which take the source themselves.
 pub fn host_directory_taken(path: &str, taken: Source) -> ProcSource {
     ProcSource::HostDirectory(HostDirectory { path: path.to_string(), taken: Some(taken) })
 }
@@ -219,7 +211,7 @@ pub struct Place {
 
 impl Place {
     pub fn fd(&self) -> RawFd {
-        self.target
+        self.owned.as_ref().map_or(self.target, AsRawFd::as_raw_fd)
     }
 }
 
@@ -235,8 +227,8 @@ fn read_sources(tree: RawFd) -> Result<Vec<CopiedFile>> {
             Err(e) if is_errno(&e, sys::ENOENT) => continue,
             Err(e) => return Err(fail(&e, &what)),
         };
-        let mut data = read_regular(fd.as_raw_fd(), &what, LIMIT)?;
-        let mode = sys::fstat(fd.as_raw_fd()).map_err(|e| fail(&e, &what))?.mode & 0o777;
+        let (mut data, info) = read_regular(fd.as_raw_fd(), &what, LIMIT)?;
+        let mode = info.mode & 0o777;
         if *name == "params" {
             data = params_with_device_modification_disabled(&data);
         }
@@ -317,6 +309,12 @@ fn open_source(tree: RawFd, path: &str, flags: u64) -> Result<OwnedFd> {
 
 // ---------------------------------------------------------------- names and params
 
+/// Whether `name` may be a bus id: one path component (not empty, `.` or `..`,
+/// no `/`), no NUL or newline (`StartWork.__post_init__`).
+pub fn is_bus_id(name: &str) -> bool {
+    !(name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0', '\n']))
+}
+
 /// Whether `path` names a capability file the driver makes under
 /// `/proc/driver/nvidia/capabilities/`: `mig/config`, `mig/monitor`,
 /// `gpu<M>/mig/gi<G>/access` or `gpu<M>/mig/gi<G>/ci<C>/access` (M 0..31, G 0..14,
@@ -391,7 +389,7 @@ fn modified(body: &[u8]) -> Option<Vec<u8>> {
     let colon = body.iter().position(|&b| b == b':')?;
     let (key, value) = (&body[..colon], &body[colon + 1..]);
     // A key with bytes that are not UTF-8 is never the name (the Python's surrogates are not space).
-    if std::str::from_utf8(key).ok()?.trim_matches(is_py_space) != MODIFY {
+    if std::str::from_utf8(key).ok()?.trim_matches(py_isspace) != MODIFY {
         return None;
     }
     let (start, end) = (leading_space(value), value.len() - trailing_space(value));
@@ -422,12 +420,6 @@ fn kernel_lines(text: &[u8]) -> Vec<&[u8]> {
     lines
 }
 
-/// What Python's `str.isspace` says of a character: Unicode White_Space, and the
-/// four ASCII separators U+001C..U+001F.
-fn is_py_space(c: char) -> bool {
-    c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
-}
-
 /// Bytes of Python space at the start of `value` (the valid UTF-8 part counts;
 /// a byte that is not UTF-8 ends it).
 fn leading_space(value: &[u8]) -> usize {
@@ -435,7 +427,7 @@ fn leading_space(value: &[u8]) -> usize {
         Ok(text) => text,
         Err(e) => std::str::from_utf8(&value[..e.valid_up_to()]).unwrap_or(""),
     };
-    valid.char_indices().find(|&(_, c)| !is_py_space(c)).map_or(valid.len(), |(at, _)| at)
+    valid.char_indices().find(|&(_, c)| !py_isspace(c)).map_or(valid.len(), |(at, _)| at)
 }
 
 /// Bytes of Python space at the end of `value`, decoded backwards (UTF-8 resyncs
@@ -451,7 +443,7 @@ fn trailing_space(value: &[u8]) -> usize {
             if let Ok(text) = std::str::from_utf8(&value[start..end]) {
                 let mut chars = text.chars();
                 match (chars.next(), chars.next()) {
-                    (Some(c), None) if is_py_space(c) => {
+                    (Some(c), None) if py_isspace(c) => {
                         end = start;
                         continue 'chars;
                     }
@@ -544,6 +536,14 @@ mod tests {
             "gpu\u{0661}/mig/gi1/access",
         ] {
             assert!(!is_cap_path(bad), "{}", bad);
+        }
+    }
+
+    #[test]
+    fn a_bus_id_is_one_clean_path_component() {
+        assert!(is_bus_id("0000:07:00.0"));
+        for bad in ["", ".", "..", "../x", "a/b", "a\0b", "a\nb"] {
+            assert!(!is_bus_id(bad), "{:?}", bad);
         }
     }
 

@@ -67,7 +67,8 @@ pub fn marker_text(bus_ids: &[String], source: &str, caps: &[String], caps_all: 
 }
 
 /// Whether `marker` (a marker file's first bytes) is a finished view's: a hook
-/// killed mid-build leaves the unfinished one.
+/// killed mid-build leaves the unfinished one. For the tests: the hook itself
+/// replaces any view whose marker is not its work's.
 pub fn is_finished(marker: &[u8]) -> bool {
     marker.starts_with(HEADER) && marker.get(HEADER.len()..).map_or(false, |rest| rest.starts_with(b"source: "))
 }

@@ -94,10 +94,6 @@ pub struct RootDir {
 }
 
 impl RootDir {
-    pub fn new(fd: OwnedFd) -> RootDir {
-        RootDir { fd }
-    }
-
     /// The directory `path` (on the host: the bundle's root before `pivot_root`).
     pub fn open_path(path: &str) -> io::Result<RootDir> {
         Ok(RootDir { fd: sys::openat_fd(sys::AT_FDCWD, path, DIR, 0)? })
@@ -188,13 +184,14 @@ impl RootDir {
             Err(e) if is_errno(&e, sys::EXDEV) && resolve & sys::RESOLVE_NO_XDEV != 0 => return Ok(None),
             Err(e) => return Err(ReadError::Other(fail(&e, path))),
         };
-        read_regular(fd.as_raw_fd(), path, limit).map(Some)
+        read_regular(fd.as_raw_fd(), path, limit).map(|(data, _)| Some(data))
     }
 }
 
-/// All of the regular file `fd`, refusing FIFOs, devices and oversized files (by
-/// their size before reading, and by what the reads return).
-pub fn read_regular(fd: RawFd, what: &str, limit: u64) -> std::result::Result<Vec<u8>, ReadError> {
+/// All of the regular file `fd`, and its `stat` (taken before reading), refusing
+/// FIFOs, devices and oversized files (by their size before reading, and by
+/// what the reads return).
+pub fn read_regular(fd: RawFd, what: &str, limit: u64) -> std::result::Result<(Vec<u8>, sys::Stat), ReadError> {
     let info = sys::fstat(fd).map_err(|e| ReadError::Other(fail(&e, what)))?;
     if !info.is_reg() {
         return Err(ReadError::Other(WorkError(format!("{}: not a regular file", what))));
@@ -202,21 +199,14 @@ pub fn read_regular(fd: RawFd, what: &str, limit: u64) -> std::result::Result<Ve
     if info.size > limit {
         return Err(ReadError::OverLimit(format!("{}: {} bytes, over the limit of {} bytes", what, info.size, limit)));
     }
-    let mut data = Vec::with_capacity(info.size as usize);
-    loop {
-        let want = std::cmp::min(1 << 20, (limit + 1) as usize - data.len());
-        let chunk = sys::read_some(fd, want).map_err(|e| ReadError::Other(fail(&e, what)))?;
-        if chunk.is_empty() {
-            return Ok(data);
-        }
-        data.extend_from_slice(&chunk);
-        if data.len() as u64 > limit {
-            return Err(ReadError::OverLimit(format!(
-                "{}: more than {} bytes, over the limit of {} bytes",
-                what, limit, limit
-            )));
-        }
+    let data = sys::read_up_to(fd, limit + 1).map_err(|e| ReadError::Other(fail(&e, what)))?;
+    if data.len() as u64 > limit {
+        return Err(ReadError::OverLimit(format!(
+            "{}: more than {} bytes, over the limit of {} bytes",
+            what, limit, limit
+        )));
     }
+    Ok((data, info))
 }
 
 /// Replace `name` in `dirfd` with a file holding `data`: a temporary created with
@@ -245,7 +235,7 @@ pub fn write_atomically(dirfd: RawFd, name: &str, data: &[u8], mode: u32, what: 
 pub fn current_bytes(dirfd: RawFd, name: &str, limit: u64) -> Option<Vec<u8>> {
     let flags = sys::O_RDONLY | sys::O_NOFOLLOW | sys::O_NONBLOCK | sys::O_NOCTTY;
     let fd = sys::openat_fd(dirfd, name, flags, 0).ok()?;
-    read_regular(fd.as_raw_fd(), name, limit).ok()
+    read_regular(fd.as_raw_fd(), name, limit).ok().map(|(data, _)| data)
 }
 
 /// `path` in the container's root holding `data`: its folder made inside the root,

@@ -34,34 +34,12 @@ pub struct StepFailed {
     pub message: String,
 }
 
-/// What a successful start did; `timings_ms` per step, as the Python report.
-#[derive(Debug, Default)]
-pub struct Report {
-    pub timings_ms: Vec<(String, f64)>,
-    pub procfs: &'static str,
-    pub ld_cache_written: bool,
-    pub cuda_compat: String,
-}
-
-/// Times each step and names the step a failure comes from (the innermost one).
-struct Steps {
-    timings: Vec<(String, f64)>,
-}
-
-impl Steps {
-    fn step<T, F: FnOnce(&mut Steps) -> Result<T, Failure>>(&mut self, name: &str, run: F) -> Result<T, StepFailed> {
-        let began = Instant::now();
-        let result = run(self);
-        let took = began.elapsed().as_secs_f64() * 1000.0;
-        match self.timings.iter_mut().find(|(n, _)| n == name) {
-            Some((_, total)) => *total += took,
-            None => self.timings.push((name.to_string(), took)),
-        }
-        result.map_err(|failure| match failure {
-            Failure::Step(failed) => failed,
-            Failure::Work(err) => StepFailed { step: name.to_string(), message: err.0 },
-        })
-    }
+/// Runs one step: a failure is named after the innermost step it comes from.
+fn step<T, F: FnOnce() -> Result<T, Failure>>(name: &str, run: F) -> Result<T, StepFailed> {
+    run().map_err(|failure| match failure {
+        Failure::Step(failed) => failed,
+        Failure::Work(err) => StepFailed { step: name.to_string(), message: err.0 },
+    })
 }
 
 /// Inside a step: a plain error (named after this step) or an inner step's failure.
@@ -87,10 +65,8 @@ const NOT_CONTAINERS: [(&str, &str); 2] =
     [("/proc/self/root", "the plugin's"), ("/proc/1/root", "the host's (pid 1's)")];
 
 /// Do `work` in the container whose root is the directory `rootfs`.
-pub fn perform_in_bundle(rootfs: &str, work: &StartWork, deadline: Instant) -> Result<Report, StepFailed> {
-    let started = Instant::now();
-    let mut steps = Steps { timings: Vec::new() };
-    let (root, mut source, seen, trusted) = steps.step("enter", |steps| {
+pub fn perform_in_bundle(rootfs: &str, work: &StartWork, deadline: Instant) -> Result<(), StepFailed> {
+    let (root, mut source, seen, trusted) = step("enter", || {
         let root = RootDir::open_path(rootfs)
             .map_err(|e| WorkError(format!("container root {}: {}", rootfs, sys::error_text(&e))))?;
         let here = sys::fstat(root.fd())
@@ -111,29 +87,23 @@ pub fn perform_in_bundle(rootfs: &str, work: &StartWork, deadline: Instant) -> R
             Vec::new()
         } else {
             // The hook sees the host's paths as they are.
-            steps.step("IPC endpoints", |_| ipc::on_host(work).map_err(Failure::from))?
+            step("IPC endpoints", || ipc::on_host(work).map_err(Failure::from))?
         };
-        let trusted =
-            if !work.ldconfig_folders.is_empty() && work.ld_cache == LdCacheMode::Rebuild {
-                Some(steps.step("ldconfig", |_| {
-                    ldrebuild::trusted_here(&root, rootfs, &work.ldconfig).map_err(Failure::from)
-                })?)
-            } else {
-                None
-            };
+        let trusted = if !work.ldconfig_folders.is_empty() && work.ld_cache == LdCacheMode::Rebuild {
+            Some(step("ldconfig", || ldrebuild::trusted_here(&root, rootfs, &work.ldconfig).map_err(Failure::from))?)
+        } else {
+            None
+        };
         if source.takes_outside() {
-            steps.step("procfs isolation", |_| {
+            step("procfs isolation", || {
                 source.take_outside(&work.visible_bus_ids, &work.proc_caps, work.proc_caps_all).map_err(Failure::from)
             })?;
         }
         Ok((root, source, seen, trusted))
     })?;
-    let result = run_steps(&root, &mut source, &seen, trusted.as_ref(), work, &mut steps, deadline);
+    let result = run_steps(&root, &mut source, &seen, trusted.as_ref(), work, deadline);
     source.close();
-    let mut report = result?;
-    steps.timings.push(("total".to_string(), started.elapsed().as_secs_f64() * 1000.0));
-    report.timings_ms = steps.timings;
-    Ok(report)
+    result
 }
 
 fn run_steps(
@@ -142,56 +112,45 @@ fn run_steps(
     seen: &ipc::Seen,
     trusted: Option<&ldrebuild::Trusted>,
     work: &StartWork,
-    steps: &mut Steps,
     deadline: Instant,
-) -> Result<Report, StepFailed> {
+) -> Result<(), StepFailed> {
     if !seen.is_empty() {
-        steps.step("IPC endpoints", |_| ipc::check(live, seen).map_err(Failure::from))?;
+        step("IPC endpoints", || ipc::check(live, seen).map_err(Failure::from))?;
     }
-    let copy = steps.step("root copy", |_| live.detached_copy().map_err(Failure::from))?;
-    let procfs = steps.step("procfs isolation", |_| {
+    let copy = step("root copy", || live.detached_copy().map_err(Failure::from))?;
+    step("procfs isolation", || {
         let made = procview::isolate(live, &work.visible_bus_ids, source, &copy, &work.proc_caps, work.proc_caps_all);
         source.close(); // what was taken on the host and not used (a view kept)
         made.map_err(Failure::from)
     })?;
-    steps.step("symlinks", |_| links::create(&copy, &work.symlinks).map_err(Failure::from))?;
+    step("symlinks", || links::create(&copy, &work.symlinks).map_err(Failure::from))?;
     if !work.app_profile.is_empty() {
-        steps.step("application profile", |_| appprofile::write(&copy, &work.app_profile).map_err(Failure::from))?;
+        step("application profile", || appprofile::write(&copy, &work.app_profile).map_err(Failure::from))?;
     }
-    let mut found = compat::Compat::default();
-    if !work.ldconfig_folders.is_empty() && work.cuda_compat {
-        found = steps.step("CUDA compat", |_| Ok(compat::check(&copy, &work.driver_version)))?;
+    if work.ldconfig_folders.is_empty() {
+        return Ok(());
     }
-    let mut written = false;
-    if !work.ldconfig_folders.is_empty() {
-        // The compat folder's entries go in after the driver's: each goes before its
-        // ties, so before the driver's library of the same name.
-        let mut entries = work.ld_cache_entries.clone();
-        entries.extend(found.entries.iter().cloned());
-        let changed = steps.step("ld.so.conf", |_| {
-            let conf = ldconf::write_conf(&copy, &work.ldconfig_folders)?;
-            Ok(ldconf::write_compat_conf(&copy, found.folder())? || conf)
-        })?;
-        match trusted {
-            None => {
-                written = steps
-                    .step("ld.so.cache", |_| ldconf::merge(&copy, &entries, Some(deadline)).map_err(Failure::from))?
+    let found = if work.cuda_compat {
+        step("CUDA compat", || Ok(compat::check(&copy, &work.driver_version)))?
+    } else {
+        compat::Compat::default()
+    };
+    // The compat folder's entries go in after the driver's: each goes before its
+    // ties, so before the driver's library of the same name.
+    let mut entries = work.ld_cache_entries.clone();
+    entries.extend(found.entries.iter().cloned());
+    let changed = step("ld.so.conf", || {
+        let conf = ldconf::write_conf(&copy, &work.ldconfig_folders)?;
+        Ok(ldconf::write_compat_conf(&copy, found.folder())? || conf)
+    })?;
+    match trusted {
+        None => step("ld.so.cache", || ldconf::merge(&copy, &entries, Some(deadline)).map(drop).map_err(Failure::from)),
+        // "rebuild": the trusted ldconfig was opened on the host for it.
+        Some(trusted) => step("ldconfig", || {
+            if changed || !ldrebuild::cache_lists(&copy, &entries, Some(deadline)) {
+                ldrebuild::run(&copy, trusted, deadline)?;
             }
-            // "rebuild": the trusted ldconfig was opened on the host for it.
-            Some(trusted) => {
-                let took = steps.step("ldconfig", |_| {
-                    if changed || !ldrebuild::cache_lists(&copy, &entries, Some(deadline)) {
-                        return ldrebuild::run(&copy, trusted, deadline).map(Some).map_err(Failure::from);
-                    }
-                    Ok(None)
-                })?;
-                if let Some(took) = took {
-                    // Its own line: the ldconfig process alone, fork to reap.
-                    steps.timings.push(("ldconfig process".to_string(), took));
-                    written = true;
-                }
-            }
-        }
+            Ok(())
+        }),
     }
-    Ok(Report { timings_ms: Vec::new(), procfs, ld_cache_written: written, cuda_compat: found.note() })
 }

@@ -4,7 +4,9 @@
 //! error carrying the errno (callers put the path in the message: `describe`).
 //!
 //! No crate beyond std: each libc function is declared here with its C
-//! signature, for the 64-bit Linux targets the project builds for.
+//! signature, for the 64-bit Linux targets the project builds for. The raw
+//! declarations and numbers the ldconfig process needs after its `fork` (where
+//! nothing may allocate) are the crate's too (`ldrebuild`).
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -15,8 +17,6 @@ use std::os::unix::io::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 pub const CLONE_NEWNS: c_int = 0x0002_0000;
 // <fcntl.h>
 pub const AT_FDCWD: c_int = -100;
-pub const AT_SYMLINK_NOFOLLOW: c_int = 0x100;
-pub const AT_REMOVEDIR: c_int = 0x200;
 pub const AT_EMPTY_PATH: c_uint = 0x1000;
 pub const AT_RECURSIVE: c_uint = 0x8000;
 pub const O_RDONLY: u64 = 0o0;
@@ -36,10 +36,10 @@ pub const OPEN_TREE_CLONE: c_uint = 1;
 pub const OPEN_TREE_CLOEXEC: c_uint = 0o2000000;
 pub const MOVE_MOUNT_F_EMPTY_PATH: c_uint = 0x04;
 pub const MOVE_MOUNT_T_EMPTY_PATH: c_uint = 0x40;
-const FSOPEN_CLOEXEC: c_uint = 1;
-const FSMOUNT_CLOEXEC: c_uint = 1;
-const FSCONFIG_SET_STRING: c_uint = 1;
-const FSCONFIG_CMD_CREATE: c_uint = 6;
+pub(crate) const FSOPEN_CLOEXEC: c_uint = 1;
+pub(crate) const FSMOUNT_CLOEXEC: c_uint = 1;
+pub(crate) const FSCONFIG_SET_STRING: c_uint = 1;
+pub(crate) const FSCONFIG_CMD_CREATE: c_uint = 6;
 pub const MOUNT_ATTR_RDONLY: u64 = 0x1;
 pub const MOUNT_ATTR_NOSUID: u64 = 0x2;
 pub const MOUNT_ATTR_NODEV: u64 = 0x4;
@@ -58,11 +58,9 @@ pub const EINTR: i32 = 4;
 pub const EEXIST: i32 = 17;
 pub const EXDEV: i32 = 18;
 pub const ENOTDIR: i32 = 20;
-pub const EISDIR: i32 = 21;
 pub const EINVAL: i32 = 22;
 pub const EROFS: i32 = 30;
 pub const ELOOP: i32 = 40;
-pub const ENOSYS: i32 = 38;
 // <sys/stat.h>
 pub const S_IFMT: u32 = 0o170000;
 pub const S_IFDIR: u32 = 0o040000;
@@ -77,42 +75,43 @@ pub const S_ISVTX: u32 = 0o1000;
 // The mount API and openat2 come from the generic syscall table: the same number
 // on every architecture that got them after Linux 5.1.
 const SYS_OPEN_TREE: c_long = 428;
-const SYS_MOVE_MOUNT: c_long = 429;
-const SYS_FSOPEN: c_long = 430;
-const SYS_FSCONFIG: c_long = 431;
-const SYS_FSMOUNT: c_long = 432;
-const SYS_OPENAT2: c_long = 437;
-const SYS_MOUNT_SETATTR: c_long = 442;
+pub(crate) const SYS_MOVE_MOUNT: c_long = 429;
+pub(crate) const SYS_FSOPEN: c_long = 430;
+pub(crate) const SYS_FSCONFIG: c_long = 431;
+pub(crate) const SYS_FSMOUNT: c_long = 432;
+pub(crate) const SYS_PIDFD_OPEN: c_long = 434;
+pub(crate) const SYS_CLOSE_RANGE: c_long = 436;
+pub(crate) const SYS_OPENAT2: c_long = 437;
+pub(crate) const SYS_MOUNT_SETATTR: c_long = 442;
 #[cfg(target_arch = "x86_64")]
 const SYS_GETDENTS64: c_long = 217;
 #[cfg(target_arch = "aarch64")]
 const SYS_GETDENTS64: c_long = 61;
 
 extern "C" {
-    fn syscall(number: c_long, ...) -> c_long;
+    pub(crate) fn syscall(number: c_long, ...) -> c_long;
     fn __errno_location() -> *mut c_int;
     fn strerror(errnum: c_int) -> *const c_char;
-    fn close(fd: c_int) -> c_int;
-    fn setns(fd: c_int, nstype: c_int) -> c_int;
+    pub(crate) fn close(fd: c_int) -> c_int;
+    pub(crate) fn setns(fd: c_int, nstype: c_int) -> c_int;
     fn umount2(target: *const c_char, flags: c_int) -> c_int;
-    fn fchdir(fd: c_int) -> c_int;
+    pub(crate) fn fchdir(fd: c_int) -> c_int;
     fn mkdirat(dirfd: c_int, path: *const c_char, mode: c_uint) -> c_int;
     fn symlinkat(target: *const c_char, dirfd: c_int, path: *const c_char) -> c_int;
     fn readlinkat(dirfd: c_int, path: *const c_char, buf: *mut c_char, size: usize) -> isize;
     fn renameat(olddirfd: c_int, old: *const c_char, newdirfd: c_int, new: *const c_char) -> c_int;
     fn unlinkat(dirfd: c_int, path: *const c_char, flags: c_int) -> c_int;
     fn openat(dirfd: c_int, path: *const c_char, flags: c_int, ...) -> c_int;
-    fn fchmod(fd: c_int, mode: c_uint) -> c_int;
+    pub(crate) fn fchmod(fd: c_int, mode: c_uint) -> c_int;
     fn fchmodat(dirfd: c_int, path: *const c_char, mode: c_uint, flags: c_int) -> c_int;
-    fn getuid() -> c_uint;
-    fn write(fd: c_int, buf: *const c_void, count: usize) -> isize;
-    fn _exit(status: c_int) -> !;
+    pub(crate) fn write(fd: c_int, buf: *const c_void, count: usize) -> isize;
+    pub(crate) fn _exit(status: c_int) -> !;
     fn signal(signum: c_int, handler: usize) -> usize;
     fn setitimer(which: c_int, new: *const Itimerval, old: *mut Itimerval) -> c_int;
     fn sigemptyset(set: *mut SigSet) -> c_int;
     fn sigaddset(set: *mut SigSet, signum: c_int) -> c_int;
-    fn sigprocmask(how: c_int, set: *const SigSet, old: *mut SigSet) -> c_int;
-    fn prctl(option: c_int, arg2: c_ulong, arg3: c_ulong, arg4: c_ulong, arg5: c_ulong) -> c_int;
+    pub(crate) fn sigprocmask(how: c_int, set: *const SigSet, old: *mut SigSet) -> c_int;
+    pub(crate) fn prctl(option: c_int, arg2: c_ulong, arg3: c_ulong, arg4: c_ulong, arg5: c_ulong) -> c_int;
 }
 
 /// glibc's `sigset_t`: 1024 bits.
@@ -155,7 +154,8 @@ pub fn last_error() -> io::Error {
     io::Error::last_os_error()
 }
 
-fn errno() -> i32 {
+/// The errno of the last failed call (async-signal-safe: nothing allocated).
+pub(crate) fn errno() -> i32 {
     // SAFETY: glibc's thread-local errno.
     unsafe { *__errno_location() }
 }
@@ -302,10 +302,6 @@ pub fn fchdir_fd(fd: RawFd) -> io::Result<()> {
     check(unsafe { fchdir(fd) } as c_long).map(|_| ())
 }
 
-pub fn setns_fd(fd: RawFd, nstype: c_int) -> io::Result<()> {
-    check(unsafe { setns(fd, nstype) } as c_long).map(|_| ())
-}
-
 pub fn mkdir_at(dirfd: RawFd, name: &str, mode: u32) -> io::Result<()> {
     let c = cstring(name)?;
     check(unsafe { mkdirat(dirfd, c.as_ptr(), mode) } as c_long).map(|_| ())
@@ -348,17 +344,6 @@ pub fn fchmod_fd(fd: RawFd, mode: u32) -> io::Result<()> {
 pub fn chmod_at(dirfd: RawFd, name: &str, mode: u32) -> io::Result<()> {
     let c = cstring(name)?;
     check(unsafe { fchmodat(dirfd, c.as_ptr(), mode, 0) } as c_long).map(|_| ())
-}
-
-pub fn uid() -> u32 {
-    unsafe { getuid() }
-}
-
-/// Close a descriptor we hold as a raw number (kept raw for `Drop`-free structs).
-pub fn close_fd(fd: RawFd) {
-    unsafe {
-        close(fd);
-    }
 }
 
 /// `stat` of what `fd` refers to (`fstat`, through std).
@@ -423,21 +408,16 @@ pub fn pread(fd: RawFd, offset: u64, size: usize) -> io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// `read` of up to `size` bytes (one call, as `os.read`).
-pub fn read_some(fd: RawFd, size: usize) -> io::Result<Vec<u8>> {
+/// What `fd` holds from where it is to its end, but at most `limit` bytes (a
+/// reader that refuses more asks for one byte over its bound). Read without a
+/// buffer: nothing past what is returned is taken from `fd`.
+pub fn read_up_to(fd: RawFd, limit: u64) -> io::Result<Vec<u8>> {
     use std::io::Read;
-    let mut file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
-    let mut buf = vec![0u8; size];
-    loop {
-        match file.read(&mut buf) {
-            Ok(n) => {
-                buf.truncate(n);
-                return Ok(buf);
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-    }
+    // SAFETY: borrowed for the call only; ManuallyDrop keeps the File from closing it.
+    let file = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(fd) });
+    let mut data = Vec::with_capacity(std::cmp::min(limit, 64 << 10) as usize);
+    (&*file).take(limit).read_to_end(&mut data)?; // interrupted reads are retried
+    Ok(data)
 }
 
 /// Write all of `data` to `fd`.
@@ -453,7 +433,6 @@ pub struct DirEntry {
     pub kind: u8,
 }
 pub const DT_UNKNOWN: u8 = 0;
-pub const DT_DIR: u8 = 4;
 pub const DT_REG: u8 = 8;
 pub const DT_LNK: u8 = 10;
 
@@ -545,9 +524,23 @@ pub fn exit_after(seconds: f64, message: &str) -> io::Result<()> {
     check(unsafe { setitimer(ITIMER_REAL, &timer, std::ptr::null_mut()) } as c_long).map(|_| ())
 }
 
-const PR_SET_DUMPABLE: c_int = 4;
+// <linux/prctl.h>
+pub(crate) const PR_SET_DUMPABLE: c_int = 4;
 
-/// `prctl(PR_SET_DUMPABLE, 0)`: no process of another uid may ptrace or read this one.
-pub fn undumpable() -> io::Result<()> {
-    check(unsafe { prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) } as c_long).map(|_| ())
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_up_to_stops_at_its_limit() {
+        let path = std::env::temp_dir().join(format!("nri-gpu-read-up-to-{}", std::process::id()));
+        std::fs::write(&path, vec![b'x'; 65]).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        assert_eq!(read_up_to(file.as_raw_fd(), 100).unwrap().len(), 65);
+        // A file past a reader's bound is not read to its end.
+        let file = std::fs::File::open(&path).unwrap();
+        assert_eq!(read_up_to(file.as_raw_fd(), 64).unwrap().len(), 64);
+        assert_eq!(read_up_to(file.as_raw_fd(), 64).unwrap(), b"x");
+        std::fs::remove_file(&path).unwrap();
+    }
 }

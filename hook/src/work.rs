@@ -33,6 +33,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use crate::error::{cut, py_repr};
 use crate::json::Value;
 use crate::model::{EntryKind, IpcEndpoint, LdCacheEntry, LdCacheMode, StartWork, Symlink};
+use crate::procsource::is_bus_id;
 use crate::rootdir::is_clean_absolute;
 
 /// The description's format; a spec written by another version is refused by name.
@@ -265,7 +266,7 @@ pub fn read_description(value: &Value) -> Result<Description> {
         let what = format!("gpus[{}]", i);
         let fields = tuple(item, 2, &what)?;
         let bus_id = string(&fields[1], &format!("{} bus id", what))?;
-        if bus_id.is_empty() || bus_id.contains('/') || bus_id == "." || bus_id == ".." || bus_id.contains('\n') {
+        if !is_bus_id(&bus_id) {
             return bad(format!("bad bus id {}", py_repr(cut(&bus_id, 100))));
         }
         work.gpus.push(GpuDevice { minor: integer(&fields[0], &what, 0, MAX_DEVICE_NUMBER)?, bus_id });

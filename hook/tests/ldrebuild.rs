@@ -15,18 +15,23 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::os::raw::{c_char, c_int, c_ulong};
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
-use std::panic::{self, AssertUnwindSafe};
+use std::os::unix::io::{FromRawFd, IntoRawFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{cstr, path_str};
+use common::{cstr, path_str, write, Outcome};
 use nri_gpu_hook::ldrebuild::{self, Trusted};
 use nri_gpu_hook::model::LdCacheEntry;
 use nri_gpu_hook::rootdir::RootDir;
 
 extern "C" {
     fn chown(path: *const c_char, uid: u32, gid: u32) -> c_int;
+    fn fork() -> c_int;
+    fn pipe(fds: *mut c_int) -> c_int;
+    fn dup2(old: c_int, new: c_int) -> c_int;
+    fn waitpid(pid: c_int, status: *mut c_int, options: c_int) -> c_int;
+    fn _exit(status: c_int) -> !;
 }
 
 const MS_BIND: c_ulong = 0x1000;
@@ -110,51 +115,19 @@ fn main() {
         ("a_crashing_ldconfig_is_reported_with_its_signal", a_crashing_ldconfig_is_reported_with_its_signal),
         ("a_hanging_ldconfig_is_killed_at_the_deadline", a_hanging_ldconfig_is_killed_at_the_deadline),
         ("ldconfig_runs_in_namespaces_of_its_own", ldconfig_runs_in_namespaces_of_its_own),
+        ("close_fds_except_keeps_exactly_what_it_is_told", close_fds_except_keeps_exactly_what_it_is_told),
     ];
     let static_ldconfig = is_static(LDCONFIG);
-    let mut failed = Vec::new();
-    let mut skipped = 0;
-    for (index, (name, test)) in tests.iter().enumerate() {
-        let env = Env {
-            dir: base.join(format!("t{}", index)),
-            probes: probes.clone(),
-            static_ldconfig: static_ldconfig.clone(),
-        };
-        fs::create_dir(&env.dir).expect("test directory");
-        let outcome = panic::catch_unwind(AssertUnwindSafe(|| test(&env)));
-        let said = match &outcome {
-            Ok(Outcome::Ran) => "ok",
-            Ok(Outcome::Skipped(why)) => {
-                skipped += 1;
-                println!("  ({})", why);
-                "skipped"
-            }
-            Err(_) => "FAILED",
-        };
-        println!("test {} ... {}", name, said);
-        if outcome.is_err() {
-            failed.push(*name);
-        }
-    }
+    let summary = common::run_cases("ldrebuild", &base, &tests, |dir| Env {
+        dir,
+        probes: probes.clone(),
+        static_ldconfig: static_ldconfig.clone(),
+    });
     scratch.leave();
-    println!(
-        "\nldrebuild: {} passed; {} failed; {} skipped",
-        tests.len() - failed.len() - skipped,
-        failed.len(),
-        skipped
-    );
-    if !failed.is_empty() {
-        println!("failed: {}", failed.join(", "));
-        std::process::exit(1);
-    }
+    summary.finish();
 }
 
 type Test = fn(&Env) -> Outcome;
-
-enum Outcome {
-    Ran,
-    Skipped(String),
-}
 
 struct Env {
     dir: PathBuf,
@@ -219,12 +192,6 @@ fn host_libz() -> PathBuf {
     panic!("no libz.so.1 on the host");
 }
 
-fn write(path: &Path, data: &[u8], mode: u32) {
-    fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
-    fs::write(path, data).expect("write");
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).expect("chmod");
-}
-
 /// A container root under `env.dir`, a mount of its own (as runc's bind of the
 /// bundle's rootfs onto itself): an `ld.so.conf` including `ld.so.conf.d`, which
 /// names `/opt/lib` (libz and its SONAME link, as an image has them); a second
@@ -268,7 +235,7 @@ fn trusted(root: &Path, ldconfig: &Path) -> Result<Trusted, String> {
 }
 
 /// Rebuild `root`'s cache with `ldconfig` (the deadline `seconds` away).
-fn rebuild(root: &Path, ldconfig: &Path, seconds: f64) -> Result<f64, String> {
+fn rebuild(root: &Path, ldconfig: &Path, seconds: f64) -> Result<(), String> {
     let live = open_root(root);
     let trusted = ldrebuild::trusted_here(&live, path_str(root), path_str(ldconfig)).map_err(|e| e.0)?;
     let copy = live.detached_copy().expect("the root's copy");
@@ -332,8 +299,7 @@ fn needs_ldconfig(env: &Env) -> Result<(), Outcome> {
 fn the_rebuilt_cache_lists_the_images_libraries(env: &Env) -> Outcome {
     needs!(needs_ldconfig(env));
     let root = container(env, true);
-    let took = rebuild(&root, Path::new(LDCONFIG), 30.0).expect("rebuild");
-    assert!(took > 0.0 && took < 30_000.0, "{} ms", took);
+    rebuild(&root, Path::new(LDCONFIG), 30.0).expect("rebuild");
     let text = listed(&root.join("etc/ld.so.cache"));
     let line =
         text.lines().find(|l| l.trim_start().starts_with("libz.so.1 (libc6,")).unwrap_or_else(|| panic!("{}", text));
@@ -586,5 +552,57 @@ fn ldconfig_runs_in_namespaces_of_its_own(env: &Env) -> Outcome {
     }
     let err = worker.join().expect("the worker thread").expect_err("killed");
     assert!(err.contains("did not finish before the deadline"), "{}", err);
+    Outcome::Ran
+}
+
+/// The ldconfig process keeps only stdio and what it is told of its
+/// descriptors: a child that opens a few lists what is left open above stdio
+/// after `close_fds_except` (this process has one thread here: a plain fork).
+fn close_fds_except_keeps_exactly_what_it_is_told(_env: &Env) -> Outcome {
+    let mut ends: [c_int; 2] = [-1, -1];
+    // SAFETY: pipe fills the two ints we pass.
+    assert_eq!(unsafe { pipe(ends.as_mut_ptr()) }, 0, "pipe");
+    let [read_end, write_end] = ends;
+    // SAFETY: a single-threaded process; the child runs the block below and _exits.
+    let pid = unsafe { fork() };
+    assert!(pid >= 0, "fork");
+    if pid == 0 {
+        let open = || fs::File::open("/dev/null").expect("/dev/null").into_raw_fd();
+        let opened: Vec<c_int> = (0..4).map(|_| open()).collect();
+        let keep = [opened[1], opened[3]];
+        // SAFETY: descriptors of this child's; the report goes to stdout, which is kept.
+        unsafe { dup2(write_end, 1) };
+        ldrebuild::close_fds_except(&keep, 1 << 16);
+        let listing = format!("/proc/{}/fd", std::process::id());
+        let mut left: Vec<c_int> = fs::read_dir("/proc/self/fd")
+            .expect("/proc/self/fd")
+            .flatten()
+            .filter(|entry| fs::read_link(entry.path()).map_or(true, |to| to != Path::new(&listing)))
+            .filter_map(|entry| entry.file_name().to_str().and_then(|n| n.parse().ok()))
+            .filter(|fd| *fd > 2)
+            .collect();
+        left.sort_unstable();
+        let said = format!("{:?}|{:?}", keep, left);
+        // SAFETY: a plain write of our buffer to stdout, then the end of this child.
+        unsafe {
+            let _ = std::io::Write::write_all(&mut fs::File::from_raw_fd(1), said.as_bytes());
+            _exit(0)
+        }
+    }
+    // SAFETY: our copy of the write end, not used again.
+    drop(unsafe { fs::File::from_raw_fd(write_end) });
+    let mut said = String::new();
+    // SAFETY: the read end, ours alone.
+    std::io::Read::read_to_string(&mut unsafe { fs::File::from_raw_fd(read_end) }, &mut said).expect("read");
+    let mut status: c_int = 0;
+    // SAFETY: our own child.
+    assert_eq!(unsafe { waitpid(pid, &mut status, 0) }, pid);
+    assert_eq!(status, 0, "the child's status");
+    let (keep, left) = said.split_once('|').unwrap_or_else(|| panic!("{:?}", said));
+    assert_eq!(left, keep, "kept {:?}", said);
+    assert!(keep
+        .trim_matches(|c| c == '[' || c == ']')
+        .split(", ")
+        .all(|fd| fd.parse::<c_int>().map_or(false, |fd| fd > 2)));
     Outcome::Ran
 }

@@ -22,10 +22,9 @@ use std::io::ErrorKind;
 use std::os::raw::{c_char, c_int, c_uint};
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::os::unix::io::AsRawFd;
-use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
-use common::{cstr, path_str};
+use common::{cstr, path_str, write};
 use nri_gpu_hook::procsource::{self, params_with_device_modification_disabled, ProcSource};
 use nri_gpu_hook::procview::{self, MARKER};
 use nri_gpu_hook::rootdir::RootDir;
@@ -37,7 +36,6 @@ extern "C" {
 
 /// The simulated node's GPUs (bus ids of a DGX A100; minor = index).
 const BUS: [&str; 4] = ["0000:07:00.0", "0000:0f:00.0", "0000:47:00.0", "0000:4e:00.0"];
-const EROFS: i32 = 30;
 const LOCKED: [&str; 4] = ["ro", "nosuid", "nodev", "noexec"];
 const PARAMS: &str = "ResmanDebugLevel: 4294967295\nRmLogonRC: 1\nModifyDeviceFiles: 1\nDeviceFileUID: 0\n\
                       DeviceFileGID: 0\nDeviceFileMode: 438\nImexChannelCount: 2048\nRegistryDwords: \"\"\n\
@@ -75,22 +73,9 @@ fn main() {
         ("a_cap_name_not_the_drivers_is_refused", a_cap_name_not_the_drivers_is_refused),
         ("a_failure_after_attaching_leaves_no_view", a_failure_after_attaching_leaves_no_view),
     ];
-    let mut failed = Vec::new();
-    for (index, (name, test)) in tests.iter().enumerate() {
-        let env = Env { dir: base.join(format!("t{}", index)) };
-        fs::create_dir(&env.dir).expect("test directory");
-        let outcome = panic::catch_unwind(AssertUnwindSafe(|| test(&env)));
-        println!("test {} ... {}", name, if outcome.is_ok() { "ok" } else { "FAILED" });
-        if outcome.is_err() {
-            failed.push(*name);
-        }
-    }
+    let summary = common::run_cases("procview", &base, &tests, |dir| Env { dir });
     scratch.leave();
-    println!("\nprocview: {} passed; {} failed", tests.len() - failed.len(), failed.len());
-    if !failed.is_empty() {
-        println!("failed: {}", failed.join(", "));
-        std::process::exit(1);
-    }
+    summary.finish();
 }
 
 type Test = fn(&Env);
@@ -373,9 +358,9 @@ fn the_view_is_a_locked_tmpfs(env: &Env) {
     assert!(procview::is_finished(&marker));
     assert_eq!(mode(&c.at("/proc/driver").join(MARKER)), 0o444);
     // Read-only, binds included.
-    assert_eq!(write_error(&nv.join("x")), Some(EROFS));
-    assert_eq!(write_error(&nv.join("gpus").join(BUS[0]).join("x")), Some(EROFS));
-    assert_eq!(write_error(&nv.join("params")), Some(EROFS));
+    assert_eq!(write_error(&nv.join("x")), Some(sys::EROFS));
+    assert_eq!(write_error(&nv.join("gpus").join(BUS[0]).join("x")), Some(sys::EROFS));
+    assert_eq!(write_error(&nv.join("params")), Some(sys::EROFS));
     // The container's procfs is still there under the view.
     let procfs: &[&str] = if c.procfs { &["proc"] } else { &[] };
     assert_eq!(mounts_at(&c.mount_point("/proc")).iter().map(|m| m.fstype.as_str()).collect::<Vec<_>>(), procfs);
@@ -593,8 +578,8 @@ fn the_cap_files_are_locked_binds(env: &Env) {
     points.sort();
     assert_eq!(points, caps.iter().map(|cap| format!("{}/{}", root, cap)).collect::<Vec<_>>());
     binds.iter().for_each(assert_locked);
-    assert_eq!(write_error(&c.at("/proc/driver/nvidia/capabilities").join(&caps[0])), Some(EROFS));
-    assert_eq!(write_error(&c.at("/proc/driver/nvidia/capabilities/x")), Some(EROFS));
+    assert_eq!(write_error(&c.at("/proc/driver/nvidia/capabilities").join(&caps[0])), Some(sys::EROFS));
+    assert_eq!(write_error(&c.at("/proc/driver/nvidia/capabilities/x")), Some(sys::EROFS));
 }
 
 fn monitor_and_config_are_shown_when_granted(env: &Env) {
@@ -759,12 +744,6 @@ fn a_failure_after_attaching_leaves_no_view(env: &Env) {
 }
 
 // ---------------------------------------------------------------- small helpers
-
-fn write(path: &Path, text: &str, mode: u32) {
-    fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
-    fs::write(path, text).unwrap_or_else(|e| panic!("{}: {}", path.display(), e));
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).expect("chmod");
-}
 
 /// Every folder under (and at) `dir` gets `mode` (the kernel's 0555 folders).
 fn chmod_folders(dir: &Path, mode: u32) {

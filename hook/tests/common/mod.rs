@@ -1,16 +1,20 @@
 //! What the root-only test programs (`harness = false`: libtest's threads cannot
 //! enter a mount namespace) share: a private mount namespace with a scratch tmpfs
-//! in a new temporary directory, and its removal at the end.
+//! in a new temporary directory, and its removal at the end; the runner of their
+//! cases; and the helpers both use.
 
 use std::ffi::CString;
 use std::fs;
-use std::os::raw::{c_char, c_int, c_ulong, c_void};
+use std::os::raw::{c_char, c_int, c_uint, c_ulong, c_void};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::io::{AsRawFd, OwnedFd};
+use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
 use nri_gpu_hook::sys;
 
 extern "C" {
+    fn getuid() -> c_uint;
     fn unshare(flags: c_int) -> c_int;
     fn mount(
         source: *const c_char,
@@ -48,7 +52,8 @@ impl Scratch {
     /// `None`, having said so, unless root (`needs`: what for). A hung test fails
     /// after 300 s rather than hang the run.
     pub fn enter(name: &str, needs: &str) -> Option<Scratch> {
-        if sys::uid() != 0 {
+        // SAFETY: a plain call.
+        if unsafe { getuid() } != 0 {
             println!("{}: skipped: needs root ({})", name, needs);
             return None;
         }
@@ -79,4 +84,83 @@ impl Scratch {
 
 pub fn path_str(path: &Path) -> &str {
     path.to_str().expect("a UTF-8 path")
+}
+
+/// A file at `path` holding `data` with permission bits `mode`, its folders made.
+pub fn write<D: AsRef<[u8]> + ?Sized>(path: &Path, data: &D, mode: u32) {
+    fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
+    fs::write(path, data).unwrap_or_else(|e| panic!("{}: {}", path.display(), e));
+    fs::set_permissions(path, fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// What a case did: it ran (as every case returning `()` does), or it was
+/// skipped, saying why.
+pub enum Outcome {
+    Ran,
+    #[allow(dead_code)] // procview's cases are never skipped
+    Skipped(String),
+}
+
+impl From<()> for Outcome {
+    fn from(_: ()) -> Outcome {
+        Outcome::Ran
+    }
+}
+
+/// A case: its name and the function that runs it.
+pub type Case<E, T> = (&'static str, fn(&E) -> T);
+
+/// How a suite went.
+pub struct Summary {
+    suite: String,
+    passed: usize,
+    failed: Vec<String>,
+    skipped: usize,
+}
+
+/// Run each case, as libtest would but in this one thread, with the
+/// environment `env` makes of a new directory of its own under `base`; a panic
+/// fails the case. A line per case is printed.
+pub fn run_cases<E, T: Into<Outcome>>(
+    suite: &str,
+    base: &Path,
+    cases: &[Case<E, T>],
+    env: impl Fn(PathBuf) -> E,
+) -> Summary {
+    let mut summary = Summary { suite: suite.to_string(), passed: 0, failed: Vec::new(), skipped: 0 };
+    for (index, (name, case)) in cases.iter().enumerate() {
+        let dir = base.join(format!("t{}", index));
+        fs::create_dir(&dir).expect("test directory");
+        let env = env(dir);
+        let outcome = panic::catch_unwind(AssertUnwindSafe(|| case(&env).into()));
+        let said = match outcome {
+            Ok(Outcome::Ran) => {
+                summary.passed += 1;
+                "ok"
+            }
+            Ok(Outcome::Skipped(why)) => {
+                summary.skipped += 1;
+                println!("  ({})", why);
+                "skipped"
+            }
+            Err(_) => {
+                summary.failed.push(name.to_string());
+                "FAILED"
+            }
+        };
+        println!("test {} ... {}", name, said);
+    }
+    summary
+}
+
+impl Summary {
+    /// The suite's last line ("procview: 21 passed; 0 failed; 0 skipped"); exits
+    /// with status 1 when a case failed.
+    pub fn finish(self) {
+        println!("\n{}: {} passed; {} failed; {} skipped", self.suite, self.passed, self.failed.len(), self.skipped);
+        if !self.failed.is_empty() {
+            println!("failed: {}", self.failed.join(", "));
+            std::process::exit(1);
+        }
+    }
 }
