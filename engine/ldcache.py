@@ -189,6 +189,7 @@ def _parse_old_or_compat(data: bytes, deadline: float | None) -> LdCache:
     if len(data) - new_start >= _NEW_HEADER.size and header == NEW_MAGIC + NEW_VERSION:
         return _parse_new(data, new_start, deadline)  # compat: glibc reads the new part
     _check_count(nlibs, "old-format", 12)  # before anything is unpacked
+    check_deadline(deadline, "reading the strings")  # before the columns are unpacked
     block = data[_OLD_HEADER.size : entries_end]
     flags = _column(block, "i", 0, _OLD_ENTRY_WORDS)
     keys = _column(block, "I", 1, _OLD_ENTRY_WORDS)
@@ -231,6 +232,8 @@ def _parse_new(data: bytes, base: int, deadline: float | None) -> LdCache:
             f"ld.so.cache len_strings={len_strings} (offset {base + 24}): the string table would end at "
             f"{strings_end}, past the end of the file ({len(data)} bytes)"
         )
+    # Before the columns are unpacked: a deadline gone already costs no work at all.
+    check_deadline(deadline, "reading the strings")
     block = data[entries_start:entries_end]
     flags = _column(block, "i", 0, _NEW_ENTRY_WORDS)
     keys = _column(block, "I", 1, _NEW_ENTRY_WORDS)
@@ -310,8 +313,6 @@ def _entries(
     """Entries from the unpacked columns; string offsets count from ``base``, strings lie in [start, end)."""
     table = data[start:end]
     budget = _DECODE_FACTOR * len(data) + 65536
-    # Before the bulk pass too: it decodes every string of a full cache in one go.
-    check_deadline(deadline, "reading the strings")
     strings = _strings_in_bulk(table, start - base, keys, values, budget)
     check_deadline(deadline, "reading the strings")
     if strings is None:

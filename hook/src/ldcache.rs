@@ -281,6 +281,7 @@ fn parse_old_or_compat(buf: &Rc<[u8]>, deadline: Option<Instant>) -> CacheResult
         return parse_new(buf, new_start, deadline); // compat: glibc reads the new part
     }
     check_count(nlibs, "old-format", 12)?; // before anything is unpacked
+    check_deadline(deadline, "reading the strings")?; // before the rows are unpacked
     let rows = rows(data, OLD_HEADER_SIZE, nlibs, OLD_ENTRY_SIZE);
     let entries = build_entries(buf, entries_end, entries_end, size, &rows, deadline)?;
     Ok(LdCache { entries, hwcaps: Vec::new() })
@@ -350,6 +351,8 @@ fn parse_new(buf: &Rc<[u8]>, base: u64, deadline: Option<Instant>) -> CacheResul
             size
         ));
     }
+    // Before the rows are unpacked: a deadline gone already costs no work at all.
+    check_deadline(deadline, "reading the strings")?;
     let rows = rows(data, entries_start, nlibs, NEW_ENTRY_SIZE);
     let entries = build_entries(buf, base, entries_end, strings_end, &rows, deadline)?;
     let hwcaps = if extension != 0 { hwcaps_names(buf, base, extension, deadline)? } else { Vec::new() };
