@@ -227,9 +227,12 @@ def cdi_targets(cdi: dict[str, Any]) -> list[Target]:
 
 def limits_targets(limits: dict[str, Any]) -> list[Target]:
     """The limits part's items (``testbed.bench.limits``), each p99 against its target;
-    in microseconds where the target is at most a millisecond, else in milliseconds."""
+    in microseconds where the target is at most a millisecond, else in milliseconds.
+    An item with no target (a property shown, not a cost) is no target here."""
     out = []
     for item in limits["items"]:
+        if item["target_us"] is None:
+            continue
         scale, unit = (1000.0, "ms") if item["target_us"] > 1000 else (1.0, "µs")
         out.append(
             Target(
@@ -496,8 +499,8 @@ def limits_lines(result: dict[str, Any]) -> list[str]:
             _duration(item["p50_us"]),
             _duration(item["p99_us"]),
             _duration(item["max_us"]),
-            _duration(item["target_us"]),
-            "met" if item["met"] else "MISSED",
+            "none" if item["target_us"] is None else _duration(item["target_us"]),
+            "" if item["met"] is None else "met" if item["met"] else "MISSED",
             item["outcome"] if len(item["outcome"]) <= 72 else item["outcome"][:71] + "…",
         ]
         for item in result["items"]
