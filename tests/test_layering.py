@@ -13,8 +13,11 @@ The folders ``engine/`` and ``plugin/`` install as ``nri_gpu.engine`` and
 - The NRI adapter (``nri_gpu.plugin``, but ``plugin.cli``) never imports the
   command line and host set-up (``nri_gpu.plugin.cli``), which imports it.
 - ``nri_gpu.plugin.ttrpc`` is generic: it imports nothing of NRI, the stub or the engine.
-- modules marked ``(pure)`` in their docstring import no I/O modules, so they
-  stay testable with plain values and cannot block the event loop.
+- modules marked ``(pure)`` in their docstring import no I/O modules and call no
+  builtin ``open``, so they stay testable with plain values and cannot block the
+  event loop.
+- ``engine/`` and ``plugin/`` use no relative import: every rule above reads
+  absolute names, and ``from ..cli import x`` would slip past them all.
 """
 
 from __future__ import annotations
@@ -26,7 +29,23 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-IO_MODULES = {"os", "socket", "asyncio", "subprocess", "ctypes", "shutil", "select", "selectors", "signal"}
+IO_MODULES = {
+    "os",
+    "socket",
+    "asyncio",
+    "subprocess",
+    "ctypes",
+    "shutil",
+    "select",
+    "selectors",
+    "signal",
+    "pathlib",
+    "io",
+    "tempfile",
+    "glob",
+    "fcntl",
+    "mmap",
+}
 
 
 def modules(package: str) -> Iterator[Path]:
@@ -34,6 +53,7 @@ def modules(package: str) -> Iterator[Path]:
 
 
 def imports_of(path: Path) -> set[str]:
+    """The absolute names ``path`` imports (relative imports are refused on their own)."""
     tree = ast.parse(path.read_text(), str(path))
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -172,7 +192,60 @@ def test_there_are_pure_modules_to_check() -> None:
     assert len(PURE) >= 5, [rel(p) for p in PURE]
 
 
+def io_of(path: Path) -> set[str]:
+    """The I/O modules ``path`` imports, and ``open()`` if it calls the builtin."""
+    bad = {m for m in imports_of(path) if m.split(".")[0] in IO_MODULES}
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
+            bad.add(f"open() at line {node.lineno}")
+    return bad
+
+
 @pytest.mark.parametrize("path", PURE, ids=rel)
 def test_pure_modules_do_no_io(path: Path) -> None:
-    bad = {m for m in imports_of(path) if m.split(".")[0] in IO_MODULES}
-    assert not bad, f"{rel(path)} is marked (pure) but imports {sorted(bad)}"
+    bad = io_of(path)
+    assert not bad, f"{rel(path)} is marked (pure) but does I/O: {sorted(bad)}"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from pathlib import Path\n",
+        "import io\n",
+        "def f():\n    import tempfile\n",
+        "from glob import glob\n",
+        "import fcntl, mmap\n",
+        "def f(p):\n    return open(p).read()\n",
+    ],
+    ids=["pathlib", "io", "tempfile-in-a-function", "glob", "fcntl-mmap", "builtin-open"],
+)
+def test_the_pure_check_sees_io(tmp_path: Path, source: str) -> None:
+    path = tmp_path / "violation.py"
+    path.write_text('"""A parser.  (pure)"""\n' + source)
+    assert is_pure(path) and io_of(path)
+
+
+def relative_imports(path: Path) -> list[str]:
+    """Each ``from .x import y`` in ``path``, as written, with its line."""
+    return [
+        f"line {node.lineno}: from {'.' * node.level}{node.module or ''} import {', '.join(a.name for a in node.names)}"
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ImportFrom) and node.level > 0
+    ]
+
+
+@pytest.mark.parametrize("path", [*modules("engine"), *modules("plugin")], ids=rel)
+def test_no_relative_imports(path: Path) -> None:
+    bad = relative_imports(path)
+    assert not bad, f"{rel(path)} imports relatively (the layering rules read absolute names): {bad}"
+
+
+@pytest.mark.parametrize(
+    "source",
+    ["from ..cli import main\n", "from . import stub\n", "def f():\n    from .cli.setup import x\n"],
+    ids=["parent", "sibling", "inside-a-function"],
+)
+def test_the_relative_import_check_sees_one(tmp_path: Path, source: str) -> None:
+    path = tmp_path / "handlers.py"
+    path.write_text("from nri_gpu.engine import make_plan\n" + source)
+    assert relative_imports(path)
