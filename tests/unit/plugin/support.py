@@ -1,4 +1,5 @@
-"""Shared by the handler tests: nri-gpu's own handlers on a simulated node."""
+"""Shared by the plugin's tests: nri-gpu's own handlers on a simulated node, and
+this venv's programs where root alone can change them (all a spec or unit may name)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ from typing import Any
 
 from nri_gpu.engine.config import EngineConfig
 from nri_gpu.engine.discover import InventoryCache, discover
+from nri_gpu.plugin.cli.hook_install import check_hook, check_install
 from nri_gpu.plugin.handlers import GpuPlugin
 from nri_gpu.plugin.metrics import PluginMetrics
 from testbed.gpunode import SimNode
+from testbed.plugins import NRI_GPU, NRI_GPU_HOOK
+from tests.integration.hookrun import cannot_run
 
 
 def gpu_plugin(node: SimNode, starter: Any, metrics: PluginMetrics | None = None, view_check: Any = None) -> GpuPlugin:
@@ -20,3 +24,21 @@ def gpu_plugin(node: SimNode, starter: Any, metrics: PluginMetrics | None = None
     if view_check is None:
         return GpuPlugin(config, inventory, starter=starter, metrics=metrics)
     return GpuPlugin(config, inventory, starter=starter, metrics=metrics, view_check=view_check)
+
+
+def trusted_hook() -> str:
+    """This venv's compiled hook, where root alone can change it (the only kind a spec
+    names); else skip, or fail under ``NRI_GPU_E2E_REQUIRE=1`` (CI), saying why."""
+    problems = check_hook(NRI_GPU_HOOK)
+    if problems:
+        cannot_run(f"{NRI_GPU_HOOK} is not root's alone, so no spec may name it: {problems[0]}")
+    return NRI_GPU_HOOK
+
+
+def trusted_nri_gpu() -> str:
+    """This venv's nri-gpu, where root alone can change it (a unit runs no other); else
+    skip, or fail under ``NRI_GPU_E2E_REQUIRE=1`` (CI), saying why."""
+    problems = check_install(NRI_GPU)
+    if problems:
+        cannot_run(f"{NRI_GPU} is not root's alone, so no unit may run it: {problems[0]}")
+    return NRI_GPU

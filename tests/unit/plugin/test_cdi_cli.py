@@ -23,9 +23,9 @@ from nri_gpu.engine.model import DEFAULT_CAPABILITIES
 from nri_gpu.plugin.cli.__main__ import main
 from nri_gpu.plugin.cli.cdi import NO_HOOK
 from nri_gpu.plugin.cli.entry import OLD_SPEC_MESSAGE
-from nri_gpu.plugin.cli.hook_install import check_hook
 from testbed.gpunode import SimNode, build_node
 from testbed.plugins import NRI_GPU, NRI_GPU_HOOK
+from tests.unit.plugin import support
 
 # These tests are about the spec's content: its hook path names no real file.
 UNCHECKED = ["--allow-untrusted-hook"]
@@ -46,10 +46,7 @@ def work(node: SimNode) -> str:
 @pytest.fixture
 def trusted_hook() -> str:
     """This venv's compiled hook, where root alone can change it (the only kind a spec names)."""
-    problems = check_hook(NRI_GPU_HOOK)
-    if problems:
-        pytest.skip(f"{NRI_GPU_HOOK} is not root's alone, so no spec may name it: {problems[0]}")
-    return NRI_GPU_HOOK
+    return support.trusted_hook()
 
 
 def hook(work: str) -> subprocess.CompletedProcess[str]:

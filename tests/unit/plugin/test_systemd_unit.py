@@ -24,11 +24,11 @@ from nri_gpu.plugin.cli.__main__ import main
 from nri_gpu.plugin.cli.cdi import INSTALL_LINK, INSTALL_VENV, NO_HOOK
 from nri_gpu.plugin.cli.compiled_hook import HOOK_EXECUTABLE
 from nri_gpu.plugin.cli.docker_setup import DEFAULT_SPEC
-from nri_gpu.plugin.cli.hook_install import check_hook, check_install
 from nri_gpu.plugin.cli.runtime_setup import SetupError
 from nri_gpu.plugin.cli.systemd_unit import PATH_UNIT, SERVICE, UNITS, exec_start, planned_units, unit_texts
 from testbed.gpunode import FIXTURE_DRIVER, SimNode, build_node
-from testbed.plugins import NRI_GPU, NRI_GPU_HOOK
+from testbed.plugins import NRI_GPU
+from tests.unit.plugin import support
 
 DEPLOY = Path(__file__).resolve().parents[3] / "deploy" / "systemd"
 
@@ -41,21 +41,15 @@ def _exec_start(unit: Path) -> list[str]:
 @pytest.fixture
 def trusted_nri_gpu() -> str:
     """This checkout's nri-gpu, where root alone can change it (a unit runs no other)."""
-    problems = check_install(NRI_GPU)
-    if problems:
-        pytest.skip(f"{NRI_GPU} is not root's alone, so no unit may run it: {problems[0]}")
-    return NRI_GPU
+    return support.trusted_nri_gpu()
 
 
 @pytest.fixture
 def trusted_hook(trusted_nri_gpu: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """This venv's compiled hook, where root alone can change it (a unit's spec names no
     other); install runs as this venv's nri-gpu, which its unit then runs."""
-    problems = check_hook(NRI_GPU_HOOK)
-    if problems:
-        pytest.skip(f"{NRI_GPU_HOOK} is not root's alone, so no spec may name it: {problems[0]}")
     monkeypatch.setattr(sys, "argv", [trusted_nri_gpu])
-    return NRI_GPU_HOOK
+    return support.trusted_hook()
 
 
 @pytest.fixture
