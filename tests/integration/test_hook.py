@@ -63,7 +63,16 @@ from tests.integration.hookrun import Bundle, Result, Spec, call, comparable, ru
 from tests.integration.startcall import run_start
 
 # The NRI worker's tests: the same hostile trees are planted for the hook.
-from tests.integration.test_start import MPS, PERSISTENCED, _link, _plant, ipc_host  # noqa: F401
+from tests.integration.test_start import (  # noqa: F401
+    MPS,
+    PERSISTENCED,
+    _big_cache,
+    _link,
+    _plant,
+    _shared_library,
+    gcc,
+    ipc_host,
+)
 
 LIB = "/usr/lib/x86_64-linux-gnu"
 WHO = "c1"  # the container as the hook names it: the OCI state's id
@@ -1011,28 +1020,200 @@ def test_conf_dir_linked_into_a_volume_is_refused(four: Node, where: Path) -> No
     assert _snapshot(volume) == before
 
 
+COMPAT_CONF = "/etc/ld.so.conf.d/00-compat-nri-gpu.conf"
+# Every file the hook writes in /etc: the conf file and the cache always; the
+# application profile for a work with graphics; the compat conf file for an image
+# with a newer CUDA compat folder, the policy on.
+OUR_FILES = {
+    "conf": "/etc/ld.so.conf.d/00-nri-gpu.conf",
+    "cache": "/etc/ld.so.cache",
+    "profile": APP_PROFILE_PATH,
+    "compat-conf": COMPAT_CONF,
+}
+
+
 @pytest.mark.parametrize("kind", ["device", "fifo"])
-@pytest.mark.parametrize("path", ["/etc/ld.so.conf.d/00-nri-gpu.conf", "/etc/ld.so.cache"], ids=["conf", "cache"])
+@pytest.mark.parametrize("path", list(OUR_FILES))
 def test_a_device_or_fifo_where_our_files_go_is_never_opened(
-    each: Node, where: Path, lower: Path, kind: str, path: str
+    each: Node, where: Path, lower: Path, kind: str, path: str, request: pytest.FixtureRequest
 ) -> None:
     """The hook runs as root, outside the container's device cgroup: an open of an
     image's ``c 10 130`` (a watchdog) would be done with root's rights; a FIFO's
     open waits for a writer. Opens go through a ``nodev`` copy of the root, a FIFO
     is opened ``O_NONBLOCK`` and refused by its type: neither blocks, both are
     replaced by regular files of ours."""
-    spec = each.spec()
+    file, node, caps = OUR_FILES[path], each, DEFAULT_CAPABILITIES
+    if path == "profile":
+        caps = GRAPHICS
+    if path == "compat-conf":
+        request.getfixturevalue("compat_lib")
+        node = each.replace(policy=Policy(cuda_compat=True))
+    spec = node.spec(caps)
     bundle = Bundle(where / "bundle", devices=spec.devices("1"), mounts=spec.mounts)
-    hookrun.image_root(bundle, lower, lambda r: _plant(kind, r / path.lstrip("/")))
-    with OpenWatch(bundle.rootfs / path.lstrip("/")) as watch:
+
+    def prepare(rootfs: Path) -> None:
+        if path == "compat-conf":
+            _compat_image(rootfs)
+        _plant(kind, rootfs / file.lstrip("/"))
+
+    hookrun.image_root(bundle, lower, prepare)
+    with OpenWatch(bundle.rootfs / file.lstrip("/")) as watch:
         result = run_hook(bundle, spec.hook["args"], spec.hook["env"])
         if kind == "device":
-            assert watch.opens() == 0, f"the device node at {path} was opened"
+            assert watch.opens() == 0, f"the device node at {file} was opened"
     found = result.ok()
     assert result.run.seconds < 1.0
-    entry = found["etc"][path.removeprefix("/etc/")]
+    entry = found["etc"][file.removeprefix("/etc/")]
     assert entry[:2] == ["f", 0o644]
+    if path == "profile":
+        assert entry[2] == _profile(node, 1)
+    if path == "compat-conf":
+        assert entry[2].splitlines()[1:] == ["/usr/local/cuda/compat"]
     assert ("libcuda.so.1", f"{LIB}/libcuda.so.1") in _cache(found)
+
+
+def _profile(node: Node, *gpus: int) -> str:
+    """The application profile the NRI path plans for ``gpus`` with graphics."""
+    text = node.plan(GpuRequest(Selection.LIST, tuple(map(ByIndex, gpus)), GRAPHICS, (), "test")).app_profile
+    assert text
+    return text
+
+
+def test_a_profile_planted_as_a_link_is_replaced_not_followed(four: Node, where: Path, bait: Path) -> None:
+    """tests/unit/engine/start/test_appprofile.py's, through the hook: the image's
+    ``10-container.conf`` is a link to a host file."""
+    (bait / "etc/10-container.conf").write_text("host file\n")
+    before = _snapshot(bait)
+    bundle = _bare(where, four, GRAPHICS, "1")
+    _link(bundle.rootfs, APP_PROFILE_PATH, str(bait / "etc/10-container.conf"))
+    found = run_hook(bundle, *_spec_command(four, GRAPHICS)).ok()
+    assert _snapshot(bait) == before
+    assert found["etc"][APP_PROFILE_PATH.removeprefix("/etc/")] == ["f", 0o644, _profile(four, 1)]
+
+
+def test_a_profile_folder_linked_to_a_host_path_never_leads_out_of_the_root(four: Node, where: Path) -> None:
+    """tests/unit/engine/start/test_appprofile.py's, through the hook: ``/etc/nvidia``
+    links to a host folder, which means that path in the root: refused while the
+    root lacks it, written there (never on the host) once it has it."""
+    escape = where / "escape"
+    escape.mkdir()
+    bundle = _bare(where, four, GRAPHICS, "1")
+    _link(bundle.rootfs, "/etc/nvidia", str(escape))
+    result = run_hook(bundle, *_spec_command(four, GRAPHICS))
+    assert result.run.returncode == 1
+    assert result.run.stderr == (
+        f"nri-gpu hook: container {WHO}: application profile: /etc/nvidia: a symlink to nowhere in the container"
+        " is in the way\n"
+    )
+    assert list(escape.iterdir()) == []
+    (bundle.rootfs / str(escape).lstrip("/")).mkdir(parents=True)  # now it leads somewhere in the root
+    run_hook(bundle, *_spec_command(four, GRAPHICS)).ok()
+    assert list(escape.iterdir()) == []
+    inside = bundle.rootfs / str(escape).lstrip("/") / "nvidia-application-profiles-rc.d/10-container.conf"
+    assert inside.read_text() == _profile(four, 1)
+
+
+# --------------------------------------------------------------------------- the NRI worker's hostile roots, continued
+#
+# docs/security.md: the hook refuses the hostile roots of tests/integration/test_start.py
+# the same way. Those not ported above, each after its test there.
+
+
+def test_stale_links_and_files_are_replaced_a_directory_is_not(four: Node, where: Path) -> None:
+    bundle = _bare(where, four, DEFAULT_CAPABILITIES, "1")
+    lib = bundle.rootfs / LIB.lstrip("/")
+    lib.mkdir(parents=True)
+    (lib / "libcuda.so.1").symlink_to("libcuda.so.470.0")  # an older driver's link
+    (lib / "libnvidia-ml.so.1").write_bytes(b"a stub the image shipped")
+    (lib / "libcuda.so").mkdir()
+    result = run_hook(bundle, *_spec_command(four))
+    assert result.run.returncode == 1
+    assert result.run.stderr == (
+        f"nri-gpu hook: container {WHO}: symlinks: {LIB}/libcuda.so: a directory is in the way of the link to"
+        " libcuda.so.1\n"
+    )
+    (lib / "libcuda.so").rmdir()
+    links = [f"{LIB}/libcuda.so.1", f"{LIB}/libnvidia-ml.so.1", f"{LIB}/libcuda.so"]
+    found = run_hook(bundle, *_spec_command(four), links=links, folders=[LIB]).ok()
+    assert found["links"] == {
+        f"{LIB}/libcuda.so.1": "libcuda.so.550.163.01",
+        f"{LIB}/libnvidia-ml.so.1": "libnvidia-ml.so.550.163.01",
+        f"{LIB}/libcuda.so": "libcuda.so.1",
+    }
+    assert not [name for name in found["folders"][LIB] if "nri-gpu-tmp" in name]
+
+
+@pytest.mark.parametrize(
+    ("what", "message"),
+    [
+        ("size", f"{(8 << 20) + 1} bytes, over the limit of {8 << 20} bytes for an image's ld.so.cache"),
+        ("entries", f"new-format ld.so.cache nlibs={(1 << 16) + 1} (offset 20): over the limit of 65536 entries"),
+    ],
+    ids=["size", "entries"],
+)
+def test_an_image_cache_over_a_limit_fails_the_start(four: Node, where: Path, what: str, message: str) -> None:
+    """The merge reads the image's cache: one over a limit fails the start, saying
+    which, before any of it is unpacked (its cost: hack/bench's limits part)."""
+    bundle = _bare(where, four, DEFAULT_CAPABILITIES, "1")
+    (bundle.rootfs / "etc").mkdir()
+    _big_cache(bundle.rootfs, what)
+    result = run_hook(bundle, *_spec_command(four))
+    assert result.run.returncode == 1
+    assert result.run.stderr.startswith(f"nri-gpu hook: container {WHO}: ld.so.cache: "), result.run.stderr
+    assert message in result.run.stderr, result.run.stderr
+
+
+def test_ldconfig_opens_no_device_an_image_conf_file_is(four: Node, where: Path, lower: Path) -> None:
+    """``rebuild``: the image's own conf files are read by ldconfig, in its view of
+    the container: ``nodev`` too."""
+    node = four.replace(ld_cache=LdCache.REBUILD, ldconfig="/sbin/ldconfig")
+    spec = node.spec()
+    bundle = Bundle(where / "bundle", devices=spec.devices("1"), mounts=spec.mounts)
+    conf = "etc/ld.so.conf.d/zz-device.conf"
+
+    def prepare(rootfs: Path) -> None:
+        (rootfs / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+        _plant("device", rootfs / conf)
+
+    hookrun.image_root(bundle, lower, prepare)
+    with OpenWatch(bundle.rootfs / conf) as watch:
+        result = run_hook(bundle, spec.hook["args"], spec.hook["env"])
+        assert watch.opens() == 0, "ldconfig opened the device node"
+    assert ("libcuda.so.1", f"{LIB}/libcuda.so.1") in _cache(result.ok())
+
+
+def test_ldconfig_plants_no_link_and_no_aux_cache_in_a_volume(
+    four: Node,
+    where: Path,
+    lower: Path,
+    gcc: str,  # noqa: F811
+) -> None:
+    """``rebuild``: glibc's ldconfig takes a SONAME with "/" as it is: run as root
+    without -X it would make /opt/evil/../../data/planted, in the volume; and it
+    saves its aux cache under /var/cache/ldconfig whatever -C says."""
+    node = four.replace(ld_cache=LdCache.REBUILD, ldconfig="/sbin/ldconfig")
+    spec = node.spec()
+    lib = _shared_library(gcc, where, "../../data/planted", "libevil.so.1.0")
+    volume = where / "volume"
+    volume.mkdir(mode=0o755)
+    (volume / "data.txt").write_text("the volume's own\n")
+
+    def prepare(rootfs: Path) -> None:
+        (rootfs / "opt/evil").mkdir(parents=True)
+        shutil.copy(lib, rootfs / "opt/evil/libevil.so.1.0")
+        (rootfs / "etc/ld.so.conf.d").mkdir(parents=True, exist_ok=True)
+        (rootfs / "etc/ld.so.conf.d/zz-evil.conf").write_text("/opt/evil\n")
+        _link(rootfs, "/var/cache/ldconfig", "/data")  # the image's own folder, a link now
+
+    bundle = Bundle(where / "bundle", devices=spec.devices("1"), mounts=spec.mounts)
+    hookrun.image_root(bundle, lower, prepare)
+    before = _snapshot(volume)
+    found = run_hook(bundle, spec.hook["args"], spec.hook["env"], volumes=[(str(volume), "/data")]).ok()
+    assert _snapshot(volume) == before
+    assert not (bundle.rootfs / "opt/evil/planted").is_symlink()
+    entries = dict(_cache(found))
+    assert entries["libcuda.so.1"] == f"{LIB}/libcuda.so.1"
+    assert entries["../../data/planted"] == "/opt/evil/../../data/planted"  # listed, as glibc would; not made
 
 
 def test_the_images_own_ldconfig_never_runs(four: Node, where: Path, lower: Path) -> None:
