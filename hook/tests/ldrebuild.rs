@@ -39,51 +39,8 @@ const MS_REC: c_ulong = 0x4000;
 const LDCONFIG: &str = "/sbin/ldconfig";
 const ARGV: &str = "ldconfig,-X,-i,-f,/etc/ld.so.conf,-C,/proc/ld.so.cache";
 
-/// tests/integration/test_start.py's probe, which also counts what it sees of
-/// the container's second procfs mount (`/srv/proc`).
-const PROBE_C: &str = r#"
-#include <dirent.h>
-#include <fcntl.h>
-#include <stdio.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#include <linux/capability.h>
-extern char **environ;
-static int entries(const char *path) {
-    int n = 0;
-    DIR *d = opendir(path);
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        n += e->d_name[0] != '.';
-    if (d)
-        closedir(d);
-    return n;
-}
-int main(int argc, char **argv) {
-    struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
-    struct __user_cap_data_struct d[2];
-    struct rlimit cpu, fsize;
-    int envc = 0;
-    char cwd[256];
-    while (environ[envc]) envc++;
-    syscall(SYS_capget, &h, d);
-    getrlimit(RLIMIT_CPU, &cpu);
-    getrlimit(RLIMIT_FSIZE, &fsize);
-    printf("argv=");
-    for (int i = 0; i < argc; i++)
-        printf("%s%s", i ? "," : "", argv[i]);
-    printf(" uid=%d gid=%d groups=%d", (int)getuid(), (int)getgid(), getgroups(0, NULL));
-    printf(" env=%d pid=%d ppid=%d caps=%x:%x nnp=%d cpu=%ld fsize=%ld proc=%d srvproc=%d cwd=%s open=%d"
-           " dumpable=%d writable=%d\n",
-           envc, getpid(), getppid(), d[1].effective | d[1].permitted, d[0].effective | d[0].permitted,
-           prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0), (long)cpu.rlim_cur, (long)fsize.rlim_cur, entries("/proc"),
-           entries("/srv/proc"), getcwd(cwd, sizeof cwd), (int)(fcntl(3, F_GETFD) >= 0),
-           prctl(PR_GET_DUMPABLE, 0, 0, 0, 0), access("/tmp", W_OK) == 0);
-    return 1;
-}
-"#;
+/// The probe both implementations of the confined ldconfig run (test_start.py too).
+const PROBE_C: &str = include_str!("fixtures/ldconfig-probe.c");
 const FAILING_C: &str =
     "#include <stdio.h>\nint main(void) { fprintf(stderr, \"ldconfig: something broke\\n\"); return 3; }\n";
 const CRASHING_C: &str = "#include <stdio.h>\nint main(void) { puts(\"about to crash\"); fflush(stdout); \

@@ -519,49 +519,13 @@ def test_the_image_env_and_its_own_ldconfig_never_run(
     assert c.run().splitlines() == ["loaded"]
 
 
-_PROBE_C = r"""
-#include <dirent.h>
-#include <fcntl.h>
-#include <stdio.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#include <linux/capability.h>
-extern char **environ;
-int main(int argc, char **argv) {
-    struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
-    struct __user_cap_data_struct d[2];
-    struct rlimit cpu, fsize;
-    int envc = 0, procs = 0;
-    char cwd[256];
-    DIR *proc = opendir("/proc");
-    struct dirent *e;
-    while (proc && (e = readdir(proc)))
-        procs += e->d_name[0] != '.';
-    if (proc)
-        closedir(proc);
-    while (environ[envc]) envc++;
-    syscall(SYS_capget, &h, d);
-    getrlimit(RLIMIT_CPU, &cpu);
-    getrlimit(RLIMIT_FSIZE, &fsize);
-    printf("argv=");
-    for (int i = 0; i < argc; i++)
-        printf("%s%s", i ? "," : "", argv[i]);
-    printf(" uid=%d gid=%d groups=%d", (int)getuid(), (int)getgid(), getgroups(0, NULL));
-    printf(" env=%d pid=%d ppid=%d caps=%x:%x nnp=%d cpu=%ld fsize=%ld proc=%d cwd=%s open=%d dumpable=%d\n",
-           envc, getpid(), getppid(), d[1].effective | d[1].permitted, d[0].effective | d[0].permitted,
-           prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0), (long)cpu.rlim_cur, (long)fsize.rlim_cur, procs,
-           getcwd(cwd, sizeof cwd), (int)(fcntl(3, F_GETFD) >= 0), prctl(PR_GET_DUMPABLE, 0, 0, 0, 0));
-    return 1;
-}
-"""
+# The probe the hook's confined ldconfig runs too (hook/tests/ldrebuild.rs).
+_PROBE_C = Path(__file__).resolve().parents[2] / "hook" / "tests" / "fixtures" / "ldconfig-probe.c"
 
 
 def test_ldconfig_runs_confined(runc: RuncHost, plan: Plan, rebuild: StartWork, gcc: str, tmp_path: Path) -> None:
     """A probe in ldconfig's place reports its situation (and fails, so the report is its output)."""
-    (tmp_path / "probe.c").write_text(_PROBE_C)
-    subprocess.run([gcc, "-static", "-O", "-o", str(tmp_path / "probe"), str(tmp_path / "probe.c")], check=True)
+    subprocess.run([gcc, "-static", "-O", "-o", str(tmp_path / "probe"), str(_PROBE_C)], check=True)
     c = gpu_container(runc, plan, "true", env=["LD_PRELOAD=/x.so"])
     with pytest.raises(StartError) as caught:
         run_start(c.pid, rebuild, ldconfig=str(tmp_path / "probe"))
@@ -577,6 +541,9 @@ def test_ldconfig_runs_confined(runc: RuncHost, plan: Plan, rebuild: StartWork, 
     assert (report["cpu"], report["fsize"]) == ("10", str(64 << 20))
     assert report["proc"] == "0"  # /proc is our empty output tmpfs: no magic link to climb out through
     assert report["cwd"] == "/" and report["open"] == "0"  # nothing of the plugin's open
+    assert report["srvproc"] == "0"  # no second procfs mount here: the hook's test plants one
+    assert report["writable"] == "0"  # a read-only view, even of the image's 1777 /tmp
+    assert (c.rootfs / "tmp").stat().st_mode & 0o1777 == 0o1777  # control: it is one
 
 
 def test_a_dynamic_ldconfig_is_refused(runc: RuncHost, plan: Plan, rebuild: StartWork) -> None:
