@@ -81,16 +81,16 @@ def _plugin(node: SimNode) -> tuple[GpuPlugin, EngineConfig, InventoryCache]:
     return GpuPlugin(config, inventory, starter=_no_start), config, inventory
 
 
-def _json_log_to_devnull() -> Callable[[], None]:
-    """Make plugin.handlers log as ``nri-gpu run --log-format json`` does, into /dev/null;
-    returns the undo."""
-    logger = logging.getLogger("nri_gpu.plugin.handlers")
+def _json_log_to_devnull(name: str = "nri_gpu.plugin.handlers", level: int = logging.DEBUG) -> Callable[[], None]:
+    """Make the logger ``name`` log at ``level`` as ``nri-gpu run --log-format json``
+    does, into /dev/null; returns the undo."""
+    logger = logging.getLogger(name)
     sink = open(os.devnull, "w")  # closed by the undo
     handler = logging.StreamHandler(sink)
     handler.setFormatter(JsonFormatter())
     saved = (logger.level, logger.propagate)
     logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
+    logger.setLevel(level)
     logger.propagate = False
 
     def undo() -> None:

@@ -37,12 +37,10 @@ import functools
 import gc
 import inspect
 import logging
-import os
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,12 +58,11 @@ from nri_gpu.plugin.errors import PluginError
 from nri_gpu.plugin.handlers import GpuPlugin
 from nri_gpu.plugin.httpd import MAX_CLIENTS, Health, StatusServer
 from nri_gpu.plugin.inventory import LiveInventory
-from nri_gpu.plugin.logfmt import JsonFormatter
 from nri_gpu.plugin.metrics import PluginMetrics
 from nri_gpu.plugin.request import container_info
 from testbed.gpunode import FIXTURE_DRIVER, build_node
 
-from .inprocess import _drive, _no_start
+from .inprocess import _drive, _json_log_to_devnull, _no_start
 from .stats import summarize
 
 __all__ = ["measure_limits"]
@@ -635,25 +632,6 @@ def _take(config: EngineConfig) -> Any:
 # ---------------------------------------------------------------------------- the whole part
 
 
-@contextmanager
-def _logged_as_deployed() -> Iterator[None]:
-    """nri-gpu's loggers as ``nri-gpu run`` sets them (JSON, info), into /dev/null."""
-    logger = logging.getLogger("nri_gpu")
-    with open(os.devnull, "w") as sink:
-        handler = logging.StreamHandler(sink)
-        handler.setFormatter(JsonFormatter())
-        saved = (logger.level, logger.propagate)
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-        try:
-            yield
-        finally:
-            logger.removeHandler(handler)
-            logger.setLevel(saved[0])
-            logger.propagate = saved[1]
-
-
 def _clock_overhead_us() -> float:
     clock, spans = time.perf_counter_ns, []
     for _ in range(10_000):
@@ -671,7 +649,8 @@ def measure_limits(
     node = build_node(workdir / "limits-node", gpus=2, driver_files=FIXTURE_DRIVER)
     config = EngineConfig(driver_root=str(node.driver_root), dev_root=str(node.dev_root), proc_root=str(node.proc_root))
     items: list[Item] = []
-    with _logged_as_deployed():
+    undo = _json_log_to_devnull("nri_gpu", logging.INFO)  # as `nri-gpu run` sets its loggers
+    try:
         say("limits: may_request")
         _may_request_items(items, repeat)
         say("limits: parse_request")
@@ -688,6 +667,8 @@ def measure_limits(
         _status_items(items, repeat)
         say(f"limits: inventory refresh that hangs ({rounds} x two calls that wait 1.7 s each)")
         _inventory_items(items, config, repeat, rounds)
+    finally:
+        undo()
     return {
         "repeat": repeat,
         "warmup": _WARMUP,
