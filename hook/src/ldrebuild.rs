@@ -123,9 +123,9 @@ const VIEW_FLAGS: u64 = sys::MOUNT_ATTR_RDONLY | sys::MOUNT_ATTR_NODEV | sys::MO
 /// The last errno a kernel gives (EHWPOISON): the texts the child may need.
 const LAST_ERRNO: i32 = 133;
 
-// Per architecture (the generic table's numbers are `sys`'s). The credential calls go to the kernel directly: glibc's
-// wrappers would broadcast them to every thread it knows of, machinery a forked
-// child (one thread) has no use for.
+// Per architecture (the generic table's numbers are `sys`'s). The credential
+// calls go to the kernel directly: glibc's wrappers would broadcast them to every
+// thread it knows of, machinery a forked child (one thread) has no use for.
 #[cfg(target_arch = "x86_64")]
 mod nr {
     pub const SETGROUPS: i64 = 116;
